@@ -1,0 +1,55 @@
+"""The ``DBQUEUE`` settings dict: defaults, and the only reader of settings."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Database alias that holds the queue tables. Only the default alias joins
+    # the caller's transaction; any other alias makes enqueueing independent.
+    "DATABASE": "default",
+    # Queue used by jobs that name none.
+    "QUEUE": "default",
+    # Reservations a job gets before it moves to FailedJob.
+    "TRIES": 3,
+    # Seconds after which a reservation is presumed dead and reclaimed.
+    "RETRY_AFTER": 60,
+    # Seconds a single run may take; None for no limit.
+    "TIMEOUT": 45,
+    # Seconds a job stopped at its timeout gets before its process is ended.
+    "TIMEOUT_GRACE": 5,
+    # Seconds to wait before a failed job runs again: a number, or one per attempt.
+    "BACKOFF": 0,
+    # Seconds an idle worker waits before it polls again.
+    "SLEEP": 1.0,
+    # Import each installed app's ``jobs`` module when Django starts.
+    "AUTODISCOVER": True,
+}
+
+
+@cache
+def get_settings() -> dict[str, Any]:
+    """Return the defaults merged with the project's ``DBQUEUE`` dict."""
+    user = getattr(settings, "DBQUEUE", None) or {}
+    return {**DEFAULTS, **user}
+
+
+def get(key: str) -> Any:
+    """Return one setting."""
+    return get_settings()[key]
+
+
+def user_settings() -> Any:
+    """Return the project's ``DBQUEUE`` value as written, for the system checks."""
+    return getattr(settings, "DBQUEUE", None)
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DBQUEUE":
+        get_settings.cache_clear()

@@ -1,0 +1,42 @@
+"""Exceptions raised by django-dbqueue."""
+
+from __future__ import annotations
+
+
+class DbQueueError(Exception):
+    """Base class of the queue's own errors."""
+
+
+class JobNotRegistered(DbQueueError):
+    """A job row names no registered job definition."""
+
+
+class PayloadError(DbQueueError):
+    """A job's payload cannot be decoded, or does not fit its job definition."""
+
+
+class ModelReferenceMissing(PayloadError):
+    """A model instance passed to a job no longer exists."""
+
+
+class MaxAttemptsExceeded(DbQueueError):
+    """A reservation expired on a job that had used its tries."""
+
+
+class WorkerLost(DbQueueError):
+    """The worker process that held a job died."""
+
+
+class JobTimeout(BaseException):
+    """Raised inside a job that ran past its timeout.
+
+    A BaseException, so a job's ``except Exception`` does not swallow it.
+    """
+
+
+class WorkerStopped(BaseException):
+    """Raised inside a job when the worker is told to stop a second time."""
+
+
+# Errors that running the job again cannot fix: the job fails at once.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (JobNotRegistered, PayloadError)

@@ -1,0 +1,156 @@
+"""Run one reserved job and decide its outcome. Writes nothing to the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import faulthandler
+import inspect
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Literal
+
+from . import payload, registry
+from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, WorkerStopped
+from .models import Job
+from .registry import Backoff, JobContext, JobDefinition
+
+Status = Literal["succeeded", "released", "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    """Options for jobs that set none: the worker's command line, then settings."""
+
+    tries: int
+    timeout: int | None
+    backoff: Backoff
+    timeout_grace: float = 5
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: Status
+    duration: float
+    result: Any = None
+    exception: BaseException | None = None
+    error: str = ""
+    delay: float = 0
+
+    @property
+    def exception_class(self) -> str:
+        if self.exception is None:
+            return ""
+        cls = type(self.exception)
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class _Alarm:
+    """Raise JobTimeout in the main thread after ``seconds``; end the process after ``grace`` more.
+
+    The first stage is a SIGALRM handler, which interrupts sleeps, socket waits
+    and Python code. Code that never returns to the interpreter (a C call that
+    holds the GIL) cannot see it, so faulthandler's C watchdog thread ends the
+    process after the grace period; the job is then reclaimed as failed.
+    """
+
+    def __init__(self, seconds: int | None, grace: float) -> None:
+        usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM")
+        self.seconds = seconds if usable else None
+        self.grace = grace
+        self.armed = False
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
+            self.armed = False
+            raise JobTimeout(f"the job ran longer than its timeout of {self.seconds} s and was stopped")
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        if not self.seconds:
+            yield
+            return
+        previous = signal.signal(signal.SIGALRM, self._fire)
+        self.armed = True
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        faulthandler.dump_traceback_later(self.seconds + self.grace, exit=True)
+        try:
+            yield
+        finally:
+            self.armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            faulthandler.cancel_dump_traceback_later()
+            signal.signal(signal.SIGALRM, previous)
+
+
+def prepare(job: Job) -> tuple[JobDefinition[..., Any], dict[str, Any], tuple[Any, ...], dict[str, Any]]:
+    """Find the definition and arguments of ``job``; raise a permanent error if it cannot run."""
+    definition = registry.get(job.name)
+    envelope = payload.decode(job.payload)
+    args, kwargs = payload.arguments(envelope)
+    return definition, envelope, args, kwargs
+
+
+def check_signature(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    try:
+        inspect.signature(definition.func).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise PayloadError(
+            f"the stored arguments no longer match {definition.name}(): {exc}. The function's "
+            "signature changed after the job was enqueued; keep the old parameters (with "
+            "defaults) until old jobs are drained, or forget this failed job."
+        ) from None
+
+
+def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
+    """Run ``job`` and return what should happen to it. Never raises for the job's fault."""
+    started = time.monotonic()
+    try:
+        definition, envelope, args, kwargs = prepare(job)
+        tries = job.tries_allowed(defaults.tries)
+        if definition.takes_context:
+            context = JobContext(
+                job_id=job.pk, name=job.name, queue=job.queue, attempt=job.attempts,
+                tries=tries, worker_id=worker_id,
+            )
+            args = (context, *args)
+        check_signature(definition, args, kwargs)
+    except PERMANENT_ERRORS as exc:
+        return _failed(exc, started, f"{job.name} (job {job.pk}) cannot run: {exc}")
+
+    timeout = job.timeout or defaults.timeout
+    try:
+        with _Alarm(timeout, defaults.timeout_grace)():
+            result = definition.func(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_await(result))
+    except WorkerStopped as exc:
+        # Forced shutdown: give the job back at once; it runs again elsewhere.
+        return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc))
+    except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
+        duration = time.monotonic() - started
+        if isinstance(exc, PERMANENT_ERRORS) or job.attempts >= tries:
+            return _failed(exc, started, _traceback(exc))
+        backoff = envelope.get("backoff")
+        if backoff is None or not registry.valid_backoff(backoff):
+            backoff = defaults.backoff
+        delay = registry.backoff_seconds(backoff, job.attempts)
+        return Outcome("released", duration, exception=exc, error=_traceback(exc), delay=delay)
+    return Outcome("succeeded", time.monotonic() - started, result=result)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _failed(exc: BaseException, started: float, error: str) -> Outcome:
+    return Outcome("failed", time.monotonic() - started, exception=exc, error=error)
+
+
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))

@@ -1,0 +1,130 @@
+"""``manage.py queue_work``: run a worker (or, with --concurrency, a supervised pool)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_dbqueue import conf, registry
+from django_dbqueue.checks import check_worker
+from django_dbqueue.execution import Defaults
+from django_dbqueue.supervisor import Supervisor
+from django_dbqueue.worker import StopReason, Worker, WorkerOptions
+
+# Laravel's queue:work exits with 12 when it stops for memory.
+EXIT_MEMORY = 12
+
+
+def _number(kind: type, minimum: float, label: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {label}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum:g}")
+        return value
+    return parse
+
+
+def parse_queues(text: str) -> list[str]:
+    queues = [queue.strip() for queue in text.split(",")]
+    if not all(queues):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty queue name; write --queue high,default")
+    if len(set(queues)) != len(queues):
+        raise argparse.ArgumentTypeError(f"{text!r} names a queue twice")
+    if any(len(queue) > 100 for queue in queues):
+        raise argparse.ArgumentTypeError("queue names are at most 100 characters")
+    return queues
+
+
+def parse_backoff(text: str) -> float | list[float]:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not seconds, or a comma-separated list of seconds") from None
+    if any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r} has a negative delay")
+    return values[0] if len(values) == 1 else values
+
+
+class Command(BaseCommand):
+    help = "Run jobs from the queue until stopped (SIGTERM or SIGINT finish the current job first)."
+
+    def add_arguments(self, parser: Any) -> None:
+        settings = conf.get_settings()
+        parser.add_argument("--queue", type=parse_queues, default=None,
+                            help=f"Queues to serve, comma-separated, highest priority first "
+                                 f"(default: {settings['QUEUE']}).")
+        parser.add_argument("--sleep", type=_number(float, 0, "seconds"), default=None,
+                            help=f"Seconds to wait when no job is available (default: {settings['SLEEP']}).")
+        parser.add_argument("--tries", type=_number(int, 1, "a whole number"), default=None,
+                            help=f"Tries for jobs that set none (default: {settings['TRIES']}).")
+        parser.add_argument("--timeout", type=_number(int, 0, "whole seconds"), default=None,
+                            help=f"Seconds a job may run, for jobs that set none; 0 for no limit "
+                                 f"(default: {settings['TIMEOUT']}).")
+        parser.add_argument("--backoff", type=parse_backoff, default=None,
+                            help=f"Seconds before a failed job runs again, or one per attempt as "
+                                 f"'10,60,300', for jobs that set none (default: {settings['BACKOFF']}).")
+        parser.add_argument("--max-jobs", type=_number(int, 1, "a whole number"), default=None,
+                            help="Stop after this many jobs (default: no limit).")
+        parser.add_argument("--max-time", type=_number(float, 0.001, "seconds"), default=None,
+                            help="Stop after this many seconds (default: no limit).")
+        parser.add_argument("--memory", type=_number(int, 1, "whole megabytes"), default=None,
+                            help="Stop after a job once resident memory passes this many MB "
+                                 "(default: no limit).")
+        parser.add_argument("--stop-when-empty", action="store_true",
+                            help="Stop when no job is available.")
+        parser.add_argument("--once", action="store_true", help="Process at most one job, then stop.")
+        parser.add_argument("--rest", type=_number(float, 0, "seconds"), default=0.0,
+                            help="Seconds to rest after each job (default: 0).")
+        parser.add_argument("--concurrency", type=_number(int, 1, "a whole number"), default=None,
+                            help="Run N worker processes under a supervisor that restarts any that "
+                                 "die (default: one worker in this process).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = conf.get_settings()
+        self._configure_logging(options["verbosity"])
+        timeout = options["timeout"] if options["timeout"] is not None else settings["TIMEOUT"]
+        for message in check_worker(options["concurrency"], timeout or None):
+            self.stderr.write(self.style.WARNING(str(message)))
+        if not registry.all_definitions():
+            self.stderr.write(self.style.WARNING(
+                "No jobs are registered: put @job functions in an installed app's jobs.py."))
+        worker_options = WorkerOptions(
+            queues=options["queue"] or [settings["QUEUE"]],
+            defaults=Defaults(
+                tries=options["tries"] or settings["TRIES"],
+                timeout=timeout or None,
+                backoff=options["backoff"] if options["backoff"] is not None else settings["BACKOFF"],
+                timeout_grace=settings["TIMEOUT_GRACE"],
+            ),
+            sleep=options["sleep"] if options["sleep"] is not None else settings["SLEEP"],
+            rest=options["rest"],
+            max_jobs=options["max_jobs"],
+            max_time=options["max_time"],
+            memory=options["memory"],
+            stop_when_empty=options["stop_when_empty"],
+            once=options["once"],
+        )
+        if options["concurrency"]:
+            if options["once"]:
+                raise CommandError("--once and --concurrency cannot be combined")
+            sys.exit(Supervisor(worker_options, options["concurrency"]).run())
+        reason = Worker(worker_options).run()
+        if reason is StopReason.MEMORY:
+            sys.exit(EXIT_MEMORY)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        """Show one line per job on stderr, unless the project configured our logger."""
+        logger = logging.getLogger("django_dbqueue")
+        if logger.handlers or verbosity == 0:
+            return
+        handler = logging.StreamHandler(self.stderr)  # type: ignore[arg-type]
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)

@@ -1,0 +1,377 @@
+"""The queue's tables, and the only code that knows how a job row is claimed.
+
+Every state change of a job (reserve, release, delete, fail, reclaim) is a
+method of ``Job.objects`` so the worker, the admin, the commands and the
+Tasks backend share one implementation. Each change that finishes a
+reservation is a compare-and-set on ``(id, attempts)``: ``attempts`` grows
+by one at every reservation and is never reset, so it names the reservation,
+and a worker whose job was reclaimed and reserved by someone else changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import models, transaction
+from django.db.models import F, Q
+
+from . import conf
+from .db import DbNow, alias, claims_with_skip_locked
+
+logger = logging.getLogger("django_dbqueue")
+
+RECLAIMED_ERROR = (
+    "{name} (job {id}) was reserved {attempts} time(s) and its worker did not finish it "
+    "within retry_after ({retry_after} s): it was attempted too many times or ran too long. "
+    "If the job is slow, raise its timeout and retry_after; if its worker was killed, "
+    "look at the worker's logs."
+)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def waiting(self) -> JobQuerySet:
+        """Jobs a worker may reserve now."""
+        return self.filter(reserved_at__isnull=True, available_at__lte=DbNow())
+
+    def delayed(self) -> JobQuerySet:
+        """Jobs that become available later (a delay or a backoff)."""
+        return self.filter(reserved_at__isnull=True, available_at__gt=DbNow())
+
+    def reserved(self) -> JobQuerySet:
+        """Jobs a worker holds."""
+        return self.filter(reserved_at__isnull=False)
+
+    def held(self, job: Job) -> JobQuerySet:
+        """The row of ``job`` if nobody reserved it since ``job`` was read."""
+        return self.filter(pk=job.pk, attempts=job.attempts)
+
+
+class JobManager(models.Manager["Job"]):
+    def get_queryset(self) -> JobQuerySet:
+        return JobQuerySet(self.model, using=self._db or alias())
+
+    def waiting(self) -> JobQuerySet:
+        return self.get_queryset().waiting()
+
+    def delayed(self) -> JobQuerySet:
+        return self.get_queryset().delayed()
+
+    def reserved(self) -> JobQuerySet:
+        return self.get_queryset().reserved()
+
+    # -- reserve -----------------------------------------------------------
+
+    def reserve(self, queues: Sequence[str], *, worker_id: str = "") -> Job | None:
+        """Claim the next available job of the first non-empty queue, or return None."""
+        jobs = self.reserve_many(queues, limit=1, worker_id=worker_id)
+        return jobs[0] if jobs else None
+
+    def reserve_many(
+        self,
+        queues: Sequence[str],
+        *,
+        limit: int,
+        worker_id: str = "",
+        default_tries: int | None = None,
+    ) -> list[Job]:
+        """Claim up to ``limit`` jobs from the first non-empty queue in ``queues``.
+
+        When nothing is available, reclaim expired reservations and try once more,
+        so only an idle worker pays for the reclaim.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        jobs = self._claim_first(queues, limit, worker_id)
+        if not jobs and self.reclaim_expired(default_tries=default_tries):
+            jobs = self._claim_first(queues, limit, worker_id)
+        return jobs
+
+    def _claim_first(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Job]:
+        using = self.get_queryset().db
+        claim = self._claim_locked if claims_with_skip_locked(using) else self._claim_cas
+        for queue in queues:
+            jobs = claim(using, queue, limit, worker_id)
+            if jobs:
+                return jobs
+        return []
+
+    def _candidates(self, using: str, queue: str, limit: int) -> JobQuerySet:
+        # The shape the index ``dbqueue_job_claim`` serves: equality on queue and
+        # reserved_at, then the ORDER BY in index order, so LIMIT stops early.
+        return (
+            self.get_queryset()
+            .using(using)
+            .filter(queue=queue, reserved_at__isnull=True, available_at__lte=DbNow())
+            .order_by("-priority", "available_at", "id")
+            .annotate(db_now=DbNow())[:limit]
+        )
+
+    def _claim_locked(self, using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+        """Claim with ``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL, MariaDB, MySQL)."""
+        with transaction.atomic(using=using):
+            jobs = list(self._candidates(using, queue, limit).select_for_update(skip_locked=True))
+            if not jobs:
+                return []
+            now = jobs[0].db_now
+            self.get_queryset().using(using).filter(pk__in=[job.pk for job in jobs]).update(
+                attempts=F("attempts") + 1, reserved_at=now, reserved_by=worker_id
+            )
+        for job in jobs:
+            job.attempts += 1
+            job.reserved_at = now
+            job.reserved_by = worker_id
+        return jobs
+
+    def _claim_cas(self, using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+        """Claim by compare-and-set (SQLite: writers are serialised, no row locks)."""
+        claimed = []
+        for job in self._candidates(using, queue, limit):
+            updated = (
+                self.get_queryset()
+                .using(using)
+                .held(job)
+                .filter(reserved_at__isnull=True)
+                .update(attempts=F("attempts") + 1, reserved_at=job.db_now, reserved_by=worker_id)
+            )
+            if updated:
+                job.attempts += 1
+                job.reserved_at = job.db_now
+                job.reserved_by = worker_id
+                claimed.append(job)
+        return claimed
+
+    # -- finish a reservation ----------------------------------------------
+
+    def delete_reserved(self, job: Job) -> bool:
+        """Delete a job that succeeded, if its reservation is still ``job``'s."""
+        deleted, _ = self.get_queryset().held(job).delete()
+        return bool(deleted)
+
+    def release(self, job: Job, *, delay: float = 0) -> bool:
+        """Put a reserved job back, available after ``delay`` seconds."""
+        return bool(
+            self.get_queryset()
+            .held(job)
+            .update(reserved_at=None, reserved_by="", available_at=_after(delay))
+        )
+
+    def fail(
+        self,
+        job: Job,
+        *,
+        error: str,
+        exception_class: str,
+        reserved_at: datetime | None = None,
+    ) -> FailedJob | None:
+        """Move a job to ``FailedJob`` in one transaction; None if it is no longer ours."""
+        queryset = self.get_queryset().held(job)
+        if reserved_at is not None:
+            queryset = queryset.filter(reserved_at=reserved_at)
+        with transaction.atomic(using=queryset.db):
+            deleted, _ = queryset.delete()
+            if not deleted:
+                return None
+            return FailedJob.objects.using(queryset.db).create(
+                job_id=job.pk,
+                queue=job.queue,
+                name=job.name,
+                payload=job.payload,
+                attempts=job.attempts,
+                exception_class=exception_class[:255],
+                error=error,
+                created_at=job.created_at,
+                failed_at=DbNow(),
+            )
+
+    # -- reclaim -----------------------------------------------------------
+
+    def reclaim_expired(self, *, default_tries: int | None = None) -> int:
+        """Reclaim reservations older than their ``retry_after``; return how many.
+
+        A job that has used its tries moves to ``FailedJob`` instead of running again.
+        """
+        reclaimed = 0
+        tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
+        for job in self.get_queryset().reserved().annotate(db_now=DbNow()):
+            assert job.reserved_at is not None
+            if job.reserved_at + timedelta(seconds=job.retry_after) > job.db_now:
+                continue
+            if job.attempts >= job.tries_allowed(tries_default):
+                error = RECLAIMED_ERROR.format(
+                    name=job.name, id=job.pk, attempts=job.attempts, retry_after=job.retry_after
+                )
+                done = self.fail(
+                    job,
+                    error=error,
+                    exception_class="django_dbqueue.exceptions.MaxAttemptsExceeded",
+                    reserved_at=job.reserved_at,
+                ) is not None
+                outcome = "failed"
+            else:
+                done = bool(
+                    self.get_queryset()
+                    .held(job)
+                    .filter(reserved_at=job.reserved_at)
+                    .update(reserved_at=None, reserved_by="")
+                )
+                outcome = "waiting"
+            if done:
+                reclaimed += 1
+                logger.warning(
+                    "reclaimed job=%s id=%s attempt=%s reserved_by=%s outcome=%s",
+                    job.name, job.pk, job.attempts, job.reserved_by or "-", outcome,
+                )
+        return reclaimed
+
+    def reclaim_worker(
+        self,
+        worker_id: str,
+        *,
+        error_for: Callable[[float], str],
+        default_tries: int | None = None,
+    ) -> int:
+        """Release or fail every job a dead worker held, without waiting for retry_after.
+
+        ``error_for(seconds_held)`` gives the error stored for a job that used its tries.
+        """
+        count = 0
+        tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
+        held = self.get_queryset().filter(reserved_by=worker_id, reserved_at__isnull=False)
+        for job in held.annotate(db_now=DbNow()):
+            assert job.reserved_at is not None
+            if job.attempts >= job.tries_allowed(tries_default):
+                elapsed = (job.db_now - job.reserved_at).total_seconds()
+                done = self.fail(
+                    job,
+                    error=error_for(elapsed),
+                    exception_class="django_dbqueue.exceptions.WorkerLost",
+                    reserved_at=job.reserved_at,
+                ) is not None
+            else:
+                done = self.release(job)
+            count += done
+        return count
+
+    # -- enqueue -----------------------------------------------------------
+
+    def bulk_enqueue(self, jobs: Iterable[Job], *, batch_size: int = 1000) -> list[Job]:
+        """Insert many jobs, one statement per ``batch_size`` rows."""
+        return self.get_queryset().bulk_create(list(jobs), batch_size=batch_size)
+
+
+def _after(delay: float) -> Any:
+    """The database clock, ``delay`` seconds from now."""
+    if delay <= 0:
+        return DbNow()
+    return DbNow() + timedelta(seconds=delay)
+
+
+class Job(models.Model):
+    """A job waiting, delayed or reserved. Finished jobs are deleted."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=100, default="default")
+    name = models.CharField(max_length=200, help_text="Registered name of the job definition.")
+    payload = models.TextField(help_text="JSON envelope: arguments and options.")
+    # Higher runs first within a queue; Django's Tasks framework uses -100..100.
+    priority = models.SmallIntegerField(default=0)
+    # Reservations so far; bumped by every reserve and never reset.
+    attempts = models.PositiveIntegerField(default=0)
+    # None: the worker's --tries (or DBQUEUE["TRIES"]) applies.
+    max_tries = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Stored per row so any worker can tell when a reservation has expired.
+    retry_after = models.PositiveIntegerField()
+    # Seconds one run may take; None: the worker's --timeout applies.
+    timeout = models.PositiveIntegerField(null=True, blank=True)
+    available_at = models.DateTimeField()
+    reserved_at = models.DateTimeField(null=True, blank=True)
+    # Id of the worker process holding the reservation, so a supervisor can
+    # reclaim a dead child's jobs at once.
+    reserved_by = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField()
+
+    objects = JobManager()
+
+    class Meta:
+        ordering = ["-priority", "available_at", "id"]
+        indexes = [
+            # Serves the claim: queue = %s AND reserved_at IS NULL ORDER BY
+            # priority DESC, available_at, id. Not partial, so MariaDB/MySQL
+            # (no partial indexes) get the same plan.
+            models.Index(
+                fields=["queue", "reserved_at", "-priority", "available_at", "id"],
+                name="dbqueue_job_claim",
+            ),
+            # Serves the reclaim and the supervisor's lookups of reserved rows.
+            models.Index(fields=["reserved_at"], name="dbqueue_job_reserved"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100),
+                name="dbqueue_job_priority_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk}"
+
+    def tries_allowed(self, default: int) -> int:
+        return self.max_tries if self.max_tries is not None else default
+
+
+class FailedJob(models.Model):
+    """A job that used its tries or could not run: the dead-letter table."""
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.BigIntegerField(help_text="Id the job had while it was queued.")
+    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    payload = models.TextField(help_text="The whole envelope, as it was queued.")
+    attempts = models.PositiveIntegerField()
+    exception_class = models.CharField(max_length=255)
+    error = models.TextField(help_text="The full traceback, or why the job could not run.")
+    created_at = models.DateTimeField(help_text="When the job was first enqueued.")
+    failed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-failed_at", "-id"]
+        indexes = [models.Index(fields=["failed_at"], name="dbqueue_failed_at")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (failed #{self.pk})"
+
+    @property
+    def error_summary(self) -> str:
+        """The last non-empty line of the error: the exception and its message."""
+        lines = [line for line in self.error.strip().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+
+
+class JobProgress(models.Model):
+    """Progress of one job (key = its id) or chain (key = ``chain:<id>``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=100, unique=True)
+    percent = models.FloatField(default=0)
+    stage = models.CharField(max_length=200, blank=True, default="")
+    finished = models.BooleanField(default=False)
+    failed = models.BooleanField(default=False)
+    error = models.TextField(blank=True, default="")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "job progress"
+        indexes = [models.Index(fields=["updated_at"], name="dbqueue_progress_updated")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(percent__gte=0, percent__lte=100),
+                name="dbqueue_progress_percent_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.percent:.0f}%"

@@ -1,0 +1,188 @@
+"""JSON encoding of job arguments and the envelope stored in ``Job.payload``.
+
+Plain JSON values are stored as they are. Values JSON has no type for are
+stored as ``{"__dbq__": <tag>, "v": <value>}`` and turned back on decode:
+datetimes, dates, times, timedeltas, decimals, UUIDs, tuples, and model
+instances (stored as a reference and fetched again when the job runs).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import uuid
+from typing import Any
+
+from django.apps import apps
+from django.db import models
+
+from .exceptions import ModelReferenceMissing, PayloadError
+
+TAG = "__dbq__"
+VERSION = 1
+
+
+def _describe(value: Any) -> str:
+    return type(value).__qualname__
+
+
+def encode_value(value: Any, path: str) -> Any:
+    """Return ``value`` as JSON-ready data; raise TypeError naming ``path`` if it cannot be."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise TypeError(f"{path} is {value!r}, which JSON cannot store")
+        return value
+    if isinstance(value, list):
+        return [encode_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, tuple):
+        return {TAG: "tuple", "v": [encode_value(item, f"{path}[{i}]") for i, item in enumerate(value)]}
+    if isinstance(value, dict):
+        encoded = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"{path} has the key {key!r} of type {_describe(key)}; "
+                    "JSON objects only have string keys"
+                )
+            encoded[key] = encode_value(item, f"{path}[{key!r}]")
+        if TAG in encoded:
+            # A user dict that uses our marker key: store it as pairs, which the
+            # decoder's object hook does not mistake for a tagged value.
+            return {TAG: "dict", "v": [[key, item] for key, item in encoded.items()]}
+        return encoded
+    if isinstance(value, dt.datetime):
+        return {TAG: "datetime", "v": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {TAG: "date", "v": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {TAG: "time", "v": value.isoformat()}
+    if isinstance(value, dt.timedelta):
+        return {TAG: "timedelta", "v": [value.days, value.seconds, value.microseconds]}
+    if isinstance(value, decimal.Decimal):
+        return {TAG: "decimal", "v": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {TAG: "uuid", "v": str(value)}
+    if isinstance(value, models.Model):
+        if value.pk is None:
+            raise TypeError(f"{path} is an unsaved {value._meta.label} instance; save it before enqueueing")
+        return {TAG: "model", "v": [value._meta.label_lower, encode_value(value.pk, f"{path}.pk")]}
+    raise TypeError(
+        f"{path} is of type {_describe(value)}, which cannot be stored as JSON; "
+        "pass JSON values, dates, decimals, UUIDs or saved model instances"
+    )
+
+
+def _decode_tagged(obj: dict[str, Any]) -> Any:
+    tag = obj.get(TAG)
+    if tag is None:
+        return obj
+    value = obj.get("v")
+    try:
+        if tag == "datetime":
+            return dt.datetime.fromisoformat(value)
+        if tag == "date":
+            return dt.date.fromisoformat(value)
+        if tag == "time":
+            return dt.time.fromisoformat(value)
+        if tag == "timedelta":
+            days, seconds, micro = value
+            return dt.timedelta(days=days, seconds=seconds, microseconds=micro)
+        if tag == "decimal":
+            return decimal.Decimal(value)
+        if tag == "uuid":
+            return uuid.UUID(value)
+        if tag == "tuple":
+            return tuple(value)
+        if tag == "dict":
+            return dict(value)
+        if tag == "model":
+            label, pk = value
+            return ModelRef(label, pk)
+    except (TypeError, ValueError, decimal.InvalidOperation) as exc:
+        raise PayloadError(f"the stored {tag} value {value!r} is malformed: {exc}") from exc
+    raise PayloadError(f"unknown value tag {tag!r}; was the job enqueued by a newer version?")
+
+
+class ModelRef:
+    """A model instance stored by reference, fetched when the job runs."""
+
+    __slots__ = ("label", "pk")
+
+    def __init__(self, label: str, pk: Any) -> None:
+        self.label = label
+        self.pk = pk
+
+    def fetch(self) -> models.Model:
+        try:
+            model = apps.get_model(self.label)
+        except (LookupError, ValueError) as exc:
+            raise PayloadError(
+                f"the argument refers to the model {self.label!r}, which is not installed"
+            ) from exc
+        try:
+            return model._default_manager.get(pk=self.pk)
+        except model.DoesNotExist as exc:
+            raise ModelReferenceMissing(
+                f"{model._meta.label} with pk={self.pk!r} no longer exists; it was deleted after "
+                "the job was enqueued. Enqueue jobs with transaction.on_commit() or after the "
+                "row is saved, and forget this failed job if the row is gone for good."
+            ) from exc
+
+
+def _resolve(value: Any) -> Any:
+    if isinstance(value, ModelRef):
+        return value.fetch()
+    if isinstance(value, list):
+        return [_resolve(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_resolve(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _resolve(item) for key, item in value.items()}
+    return value
+
+
+def encode(args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any) -> str:
+    """Return the JSON envelope for a call; raise TypeError naming a bad argument."""
+    envelope: dict[str, Any] = {
+        "v": VERSION,
+        "args": [encode_value(arg, f"argument {i} (args[{i}])") for i, arg in enumerate(args)],
+        "kwargs": {key: encode_value(arg, f"argument {key!r}") for key, arg in kwargs.items()},
+    }
+    envelope.update({key: value for key, value in options.items() if value is not None})
+    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode(payload: str) -> dict[str, Any]:
+    """Return the envelope of a stored payload, model references not yet fetched."""
+    try:
+        envelope = json.loads(payload, object_hook=_decode_tagged)
+    except json.JSONDecodeError as exc:
+        raise PayloadError(f"the payload is not valid JSON ({exc}); it was changed or truncated") from exc
+    if (
+        not isinstance(envelope, dict)
+        or not isinstance(envelope.get("args"), (list, tuple))
+        or not isinstance(envelope.get("kwargs"), dict)
+    ):
+        raise PayloadError(
+            'the payload is not a job envelope: expected {"args": [...], "kwargs": {...}}, '
+            f"got {payload[:200]!r}"
+        )
+    return envelope
+
+
+def arguments(envelope: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Return the call's arguments, with model references fetched from the database."""
+    return tuple(_resolve(list(envelope["args"]))), _resolve(envelope["kwargs"])
+
+
+def pretty(payload: str) -> str:
+    """Return a stored payload as indented JSON, or as it is if it is not JSON."""
+    try:
+        return json.dumps(json.loads(payload), indent=2, ensure_ascii=False, sort_keys=True)
+    except ValueError:
+        return payload

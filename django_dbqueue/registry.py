@@ -1,0 +1,277 @@
+"""Job definitions: the ``@job`` decorator, the name registry and enqueueing."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from django.core.exceptions import ImproperlyConfigured
+
+from . import conf, payload, signals
+from .exceptions import JobNotRegistered
+
+if TYPE_CHECKING:
+    from .models import Job
+
+logger = logging.getLogger("django_dbqueue")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Backoff = int | float | Sequence[int | float]
+
+_registry: dict[str, JobDefinition[..., Any]] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a job defined with ``takes_context=True`` receives as its first argument."""
+
+    job_id: int
+    name: str
+    queue: str
+    attempt: int
+    tries: int
+    worker_id: str = ""
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.tries
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDefinition(Generic[P, R]):
+    """A function registered as a job, with its options.
+
+    ``None`` options fall back to the worker's command-line defaults, then to
+    ``DBQUEUE`` settings.
+    """
+
+    func: Callable[..., R]
+    name: str
+    queue: str | None = None
+    tries: int | None = None
+    retry_after: int | None = None
+    timeout: int | None = None
+    backoff: Backoff | None = None
+    priority: int = 0
+    delay: float = 0
+    takes_context: bool = False
+
+    def __post_init__(self) -> None:
+        _validate_options(self)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the function directly, in this process."""
+        return self.func(*args, **kwargs)
+
+    def using(
+        self,
+        *,
+        queue: str | None = None,
+        delay: float | timedelta | None = None,
+        priority: int | None = None,
+        tries: int | None = None,
+        retry_after: int | None = None,
+        timeout: int | None = None,
+        backoff: Backoff | None = None,
+    ) -> JobDefinition[P, R]:
+        """Return a copy with some options changed, for the next enqueue."""
+        changes: dict[str, Any] = {
+            key: value
+            for key, value in {
+                "queue": queue,
+                "priority": priority,
+                "tries": tries,
+                "retry_after": retry_after,
+                "timeout": timeout,
+                "backoff": backoff,
+            }.items()
+            if value is not None
+        }
+        if delay is not None:
+            changes["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        return dataclasses.replace(self, **changes)
+
+    def bind(self, *args: P.args, **kwargs: P.kwargs) -> JobCall:
+        """Return this job with its arguments, ready for ``enqueue_many`` or a chain."""
+        return JobCall(self, args, kwargs)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Store a call of this job; it runs once the surrounding transaction commits."""
+        job = self.bind(*args, **kwargs).to_row()
+        job.save(force_insert=True, using=job._state.db)
+        signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
+        logger.debug("enqueued job=%s id=%s queue=%s", job.name, job.pk, job.queue)
+        return job
+
+    @property
+    def effective_queue(self) -> str:
+        return self.queue or str(conf.get("QUEUE"))
+
+
+@dataclasses.dataclass(frozen=True)
+class JobCall:
+    """A job definition with the arguments of one call."""
+
+    definition: JobDefinition[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def to_row(self) -> Job:
+        """Return an unsaved ``Job`` row for this call; raise TypeError for a bad argument."""
+        from .db import DbNow, alias
+        from .models import Job
+
+        definition = self.definition
+        try:
+            body = payload.encode(self.args, self.kwargs, backoff=_backoff_json(definition.backoff))
+        except TypeError as exc:
+            raise TypeError(f"Cannot enqueue {definition.name}: {exc}") from None
+        now = DbNow()
+        job = Job(
+            queue=definition.effective_queue,
+            name=definition.name,
+            payload=body,
+            priority=definition.priority,
+            max_tries=definition.tries,
+            retry_after=definition.retry_after or int(conf.get("RETRY_AFTER")),
+            timeout=definition.timeout,
+            available_at=now + timedelta(seconds=definition.delay) if definition.delay > 0 else now,
+            created_at=now,
+        )
+        job._state.db = alias()
+        return job
+
+    def enqueue(self) -> Job:
+        return self.definition.enqueue(*self.args, **self.kwargs)
+
+
+def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[Job]:
+    """Store many calls with one INSERT per ``batch_size`` rows.
+
+    Every argument is checked before anything is inserted. On PostgreSQL,
+    SQLite and MariaDB the returned rows carry their ids.
+    """
+    from .models import Job
+
+    rows = [call.to_row() for call in calls]
+    jobs = Job.objects.bulk_enqueue(rows, batch_size=batch_size)
+    for job in jobs:
+        signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
+    return jobs
+
+
+def backoff_seconds(backoff: Backoff, attempt: int) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1-based)."""
+    if isinstance(backoff, (int, float)):
+        return float(backoff)
+    if not backoff:
+        return 0.0
+    return float(backoff[min(attempt, len(backoff)) - 1])
+
+
+def _backoff_json(backoff: Backoff | None) -> Any:
+    if backoff is None or isinstance(backoff, (int, float)):
+        return backoff
+    return list(backoff)
+
+
+def _validate_options(definition: JobDefinition[..., Any]) -> None:
+    where = f"job {definition.name!r}"
+    if definition.tries is not None and (not isinstance(definition.tries, int) or definition.tries < 1):
+        raise ImproperlyConfigured(f"{where}: tries must be an integer of at least 1, not {definition.tries!r}")
+    for option in ("retry_after", "timeout"):
+        value = getattr(definition, option)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ImproperlyConfigured(f"{where}: {option} must be a whole number of seconds, at least 1, not {value!r}")
+    if definition.backoff is not None and not valid_backoff(definition.backoff):
+        raise ImproperlyConfigured(
+            f"{where}: backoff must be seconds (a number >= 0) or a list of them, not {definition.backoff!r}"
+        )
+    if not isinstance(definition.priority, int) or not -100 <= definition.priority <= 100:
+        raise ImproperlyConfigured(f"{where}: priority must be an integer from -100 to 100, not {definition.priority!r}")
+    if not isinstance(definition.delay, (int, float)) or definition.delay < 0:
+        raise ImproperlyConfigured(f"{where}: delay must be seconds >= 0 or a timedelta, not {definition.delay!r}")
+
+
+def valid_backoff(backoff: Any) -> bool:
+    def seconds(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+    if isinstance(backoff, (list, tuple)):
+        return all(seconds(item) for item in backoff)
+    return seconds(backoff)
+
+
+@overload
+def job(func: Callable[P, R], /) -> JobDefinition[P, R]: ...
+
+
+@overload
+def job(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    tries: int | None = None,
+    retry_after: int | None = None,
+    timeout: int | None = None,
+    backoff: Backoff | None = None,
+    priority: int = 0,
+    takes_context: bool = False,
+) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
+
+
+def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Register a function as a job, with ``@job`` or ``@job(queue="emails", tries=5)``."""
+
+    def register_func(func: Callable[..., Any]) -> JobDefinition[..., Any]:
+        name = options.pop("name", None) or f"{func.__module__}.{func.__qualname__}"
+        definition: JobDefinition[..., Any] = JobDefinition(func=func, name=name, **options)
+        register(definition)
+        return definition
+
+    if func is not None:
+        if options:
+            raise TypeError("use @job or @job(option=...), not both")
+        return register_func(func)
+    return register_func
+
+
+def register(definition: JobDefinition[..., Any]) -> None:
+    """Add a definition to the registry; a name belongs to one function."""
+    existing = _registry.get(definition.name)
+    if existing is not None and _qualified(existing.func) != _qualified(definition.func):
+        raise ImproperlyConfigured(
+            f"The job name {definition.name!r} is used by {_qualified(existing.func)} and "
+            f"{_qualified(definition.func)}; give one of them another name with @job(name=...)"
+        )
+    _registry[definition.name] = definition
+
+
+def unregister(name: str) -> None:
+    _registry.pop(name, None)
+
+
+def get(name: str) -> JobDefinition[..., Any]:
+    """Return the definition registered under ``name``."""
+    try:
+        return _registry[name]
+    except KeyError:
+        raise JobNotRegistered(
+            f"No job is registered under the name {name!r}. Is the app that defines it in "
+            "INSTALLED_APPS, and is the function decorated with @job in the app's jobs.py "
+            "(or in a module that is imported at startup)? Workers must run the same code "
+            "as the processes that enqueue."
+        ) from None
+
+
+def all_definitions() -> dict[str, JobDefinition[..., Any]]:
+    return dict(_registry)
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"

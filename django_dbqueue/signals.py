@@ -1,0 +1,18 @@
+"""Django signals for job events.
+
+Receivers get ``job`` (the ``Job`` row) and the keywords listed. A receiver
+that raises is logged and never changes what happened to the job.
+"""
+
+from django.dispatch import Signal
+
+# A job row was inserted (it becomes visible when the transaction commits).
+job_enqueued = Signal()
+# A worker is about to run a job: ``job``, ``worker_id``.
+job_started = Signal()
+# A job succeeded and was deleted: ``job``, ``worker_id``, ``duration``, ``result``.
+job_succeeded = Signal()
+# A job raised and was released to run again: ``job``, ``worker_id``, ``duration``, ``exception``, ``delay``.
+job_released = Signal()
+# A job moved to FailedJob: ``job``, ``failed_job``, ``worker_id``, ``exception`` (may be None).
+job_failed = Signal()

@@ -1,0 +1,287 @@
+"""The worker loop: reserve, run, record the outcome, repeat."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import resource
+import select
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, TypeVar
+
+from django.db import DatabaseError
+
+from . import signals
+from .db import drop_connection, is_connection_error
+from .exceptions import WorkerStopped
+from .execution import Defaults, Outcome, execute
+from .models import Job
+
+logger = logging.getLogger("django_dbqueue")
+
+T = TypeVar("T")
+
+# Waits after a database error: doubled each time, up to the last value.
+DB_RETRY_DELAYS = (0.5, 1, 2, 4, 8, 15, 30)
+# Errors other than a lost connection are retried this many times when recording an outcome.
+MAX_RECORD_ERRORS = 5
+
+
+class StopReason(enum.Enum):
+    SIGNAL = "signal"
+    EMPTY = "empty"
+    ONCE = "once"
+    MAX_JOBS = "max-jobs"
+    MAX_TIME = "max-time"
+    MEMORY = "memory"
+    ORPHANED = "orphaned"
+
+
+@dataclasses.dataclass
+class WorkerOptions:
+    queues: list[str]
+    defaults: Defaults
+    sleep: float = 1.0
+    rest: float = 0
+    max_jobs: int | None = None
+    max_time: float | None = None
+    memory: int | None = None
+    stop_when_empty: bool = False
+    once: bool = False
+    # Set by a supervisor: stop when this process is no longer our parent.
+    parent_pid: int | None = None
+
+
+def new_worker_id(pid: int | None = None, token: str | None = None) -> str:
+    """Return an id naming a worker process: host, pid and a random part."""
+    return f"{socket.gethostname()[:60]}:{pid or os.getpid()}:{token or secrets.token_hex(3)}"
+
+
+def memory_mb() -> float:
+    """Resident memory of this process in MB."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Worker:
+    """Serve ``options.queues`` until a stop condition; see ``run``."""
+
+    def __init__(self, options: WorkerOptions, *, worker_id: str | None = None) -> None:
+        self.options = options
+        self.worker_id = worker_id or new_worker_id()
+        self.processed = 0
+        self.stop_requested = False
+        self.in_job = False
+        self._signals = 0
+        self._reserve_errors = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    # -- the loop ------------------------------------------------------------
+
+    def run(self) -> StopReason:
+        """Process jobs until a stop condition; return why the worker stopped."""
+        started = time.monotonic()
+        logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
+        with self.handle_signals():
+            try:
+                reason = self._loop(started)
+            finally:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+        logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason.value, self.processed)
+        return reason
+
+    def _loop(self, started: float) -> StopReason:
+        options = self.options
+        while True:
+            reason = self._stop_reason(started)
+            if reason is not None:
+                return reason
+            job = self.reserve()
+            if job is None:
+                if self.stop_requested:
+                    return StopReason.SIGNAL
+                if options.once:
+                    return StopReason.ONCE
+                if options.stop_when_empty:
+                    return StopReason.EMPTY
+                self.wait(options.sleep)
+                continue
+            self.process(job)
+            if options.once:
+                return StopReason.ONCE
+            if options.rest > 0:
+                self.wait(options.rest)
+
+    def _stop_reason(self, started: float) -> StopReason | None:
+        options = self.options
+        if self.stop_requested:
+            return StopReason.SIGNAL
+        if options.max_jobs is not None and self.processed >= options.max_jobs:
+            return StopReason.MAX_JOBS
+        if options.max_time is not None and time.monotonic() - started >= options.max_time:
+            return StopReason.MAX_TIME
+        if options.memory is not None and memory_mb() >= options.memory:
+            logger.warning("memory limit reached worker_id=%s memory_mb=%.0f limit_mb=%s",
+                           self.worker_id, memory_mb(), options.memory)
+            return StopReason.MEMORY
+        if options.parent_pid is not None and os.getppid() != options.parent_pid:
+            return StopReason.ORPHANED
+        return None
+
+    # -- steps -----------------------------------------------------------------
+
+    def reserve(self) -> Job | None:
+        """Claim the next job; on a database error, log, wait and return None."""
+        try:
+            jobs = Job.objects.reserve_many(
+                self.options.queues, limit=1, worker_id=self.worker_id,
+                default_tries=self.options.defaults.tries,
+            )
+        except DatabaseError as exc:
+            self._database_trouble(exc, "reserve", attempt=self._reserve_errors)
+            self._reserve_errors += 1
+            return None
+        self._reserve_errors = 0
+        return jobs[0] if jobs else None
+
+    def process(self, job: Job) -> Outcome:
+        """Run a reserved job, record its outcome, then send signals and log."""
+        self.processed += 1
+        _send(signals.job_started, job=job, worker_id=self.worker_id)
+        self.in_job = True
+        try:
+            outcome = execute(job, worker_id=self.worker_id, defaults=self.options.defaults)
+        except WorkerStopped as exc:
+            # The second signal came just outside the job's own code.
+            outcome = Outcome("released", 0, exception=exc, error=str(exc))
+        finally:
+            self.in_job = False
+        recorded = self._record(job, outcome)
+        logger.log(
+            logging.INFO if outcome.status == "succeeded" else logging.WARNING,
+            "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s",
+            job.name, job.pk, job.queue, job.attempts, outcome.status, outcome.duration,
+            f" retry_in={outcome.delay:g}s" if outcome.status == "released" else "",
+            f" error={outcome.exception_class}" if outcome.exception is not None else "",
+        )
+        if recorded is False:
+            logger.warning("reservation lost job=%s id=%s attempt=%s: another worker holds it, outcome not recorded",
+                           job.name, job.pk, job.attempts)
+        return outcome
+
+    def _record(self, job: Job, outcome: Outcome) -> bool | None:
+        """Store the outcome, retrying while the database is away; None if it never could."""
+        failed_job = None
+
+        def store() -> bool:
+            nonlocal failed_job
+            if outcome.status == "succeeded":
+                return Job.objects.delete_reserved(job)
+            if outcome.status == "released":
+                return Job.objects.release(job, delay=outcome.delay)
+            failed_job = Job.objects.fail(job, error=outcome.error, exception_class=outcome.exception_class)
+            return failed_job is not None
+
+        stored = self._retry_database(store, "record")
+        if stored:
+            if outcome.status == "succeeded":
+                _send(signals.job_succeeded, job=job, worker_id=self.worker_id,
+                      duration=outcome.duration, result=outcome.result)
+            elif outcome.status == "released":
+                _send(signals.job_released, job=job, worker_id=self.worker_id, duration=outcome.duration,
+                      exception=outcome.exception, delay=outcome.delay)
+            else:
+                _send(signals.job_failed, job=job, failed_job=failed_job, worker_id=self.worker_id,
+                      exception=outcome.exception)
+        return stored
+
+    def _retry_database(self, action: Callable[[], T], what: str) -> T | None:
+        attempt = 0
+        while True:
+            try:
+                return action()
+            except DatabaseError as exc:
+                lost = self._database_trouble(exc, what, attempt)
+                attempt += 1
+                if self._signals >= 2 or (not lost and attempt >= MAX_RECORD_ERRORS):
+                    logger.error("giving up on %s after %s errors; the reservation will be reclaimed", what, attempt)
+                    return None
+
+    def _database_trouble(self, exc: DatabaseError, what: str, attempt: int) -> bool:
+        lost = is_connection_error(exc)
+        if lost:
+            drop_connection()
+        delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
+        logger.warning("database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",
+                       what, self.worker_id, lost, delay, exc)
+        # Not cut short by a first stop signal: recording the current outcome is
+        # part of finishing the current job.
+        self.wait(delay, until_stop=False)
+        return lost
+
+    def wait(self, seconds: float, *, until_stop: bool = True) -> None:
+        """Sleep up to ``seconds``; a stop signal wakes the worker at once."""
+        if seconds <= 0 or (until_stop and self.stop_requested):
+            return
+        ready, _, _ = select.select([self._wake_r], [], [], seconds)
+        if ready:
+            os.read(self._wake_r, 64)
+
+    # -- signals ---------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Finish the current job, then stop."""
+        self.stop_requested = True
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.info("stopping worker_id=%s signal=%s: finishing the current job",
+                        self.worker_id, signal.Signals(signum).name)
+            self.request_stop()
+        elif self.in_job:
+            logger.warning("stopping now worker_id=%s: releasing the current job", self.worker_id)
+            raise WorkerStopped(f"the worker was stopped by {signal.Signals(signum).name} twice")
+        else:
+            self.request_stop()
+
+    @contextmanager
+    def handle_signals(self) -> Iterator[None]:
+        """Handle SIGTERM and SIGINT while the worker runs; restore the old handlers after."""
+        previous: dict[int, Any] = {}
+        try:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        except ValueError:
+            # Not the main thread: stop only through request_stop().
+            pass
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _send(signal_: Any, **kwargs: Any) -> None:
+    """Send a signal; a receiver that raises is logged and changes nothing."""
+    for receiver, response in signal_.send_robust(sender=Worker, **kwargs):
+        if isinstance(response, Exception):
+            logger.error("signal receiver %r raised", receiver, exc_info=response)

@@ -1,0 +1,80 @@
+"""Test settings; the database comes from DBQUEUE_TEST_DB: sqlite (default), postgres or mysql."""
+
+import os
+import tempfile
+
+DB = os.environ.get("DBQUEUE_TEST_DB", "sqlite")
+
+if DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("PGDATABASE", "test"),
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "TEST": {"NAME": os.environ.get("DBQUEUE_TEST_NAME", "test_dbqueue")},
+        }
+    }
+elif DB == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": "test",
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"NAME": os.environ.get("DBQUEUE_TEST_NAME", "test_dbqueue"), "CHARSET": "utf8mb4"},
+        }
+    }
+elif DB == "sqlite":
+    # A file, not :memory:, so worker processes started by the tests see the same rows.
+    _path = os.environ.get("DBQUEUE_SQLITE_PATH") or os.path.join(tempfile.gettempdir(), "dbqueue-tests.sqlite3")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _path,
+            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE",
+                        "init_command": "PRAGMA journal_mode=WAL;"},
+            "TEST": {"NAME": _path + ".test"},
+        }
+    }
+else:
+    raise RuntimeError(f"DBQUEUE_TEST_DB must be sqlite, postgres or mysql, not {DB!r}")
+
+SECRET_KEY = "tests-only"
+USE_TZ = True
+TIME_ZONE = "Europe/Paris"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_dbqueue",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DBQUEUE = {"SLEEP": 0.05, "RETRY_AFTER": 60, "TIMEOUT": 30}

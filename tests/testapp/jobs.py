@@ -1,0 +1,98 @@
+"""Jobs used by the tests; found by autodiscovery like any app's jobs.py."""
+
+import os
+import re
+import time
+
+from django_dbqueue import JobContext, job
+
+from .models import Attempt, Order, Run
+
+
+@job
+def record(key: str, note: str = "") -> str:
+    Run.objects.create(key=key, note=note, pid=os.getpid())
+    return key
+
+
+@job(name="tests.add")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@job
+def echo(*args: object, **kwargs: object) -> None:
+    Run.objects.create(key="echo", note=repr((args, kwargs)))
+
+
+@job(takes_context=True, tries=3)
+def fail_once(context: JobContext, key: str) -> None:
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    if context.attempt == 1:
+        raise RuntimeError(f"first attempt of {key} fails")
+    Run.objects.create(key=key, pid=os.getpid())
+
+
+@job(tries=2)
+def always_fail(key: str) -> None:
+    Attempt.objects.create(key=key, attempt=0)
+    raise ValueError(f"{key} always fails")
+
+
+@job(tries=1, timeout=1, retry_after=30)
+def sleep_past_timeout(key: str) -> None:
+    Attempt.objects.create(key=key, attempt=0)
+    time.sleep(10)
+    Run.objects.create(key=key)
+
+
+@job(tries=1, timeout=1, retry_after=30)
+def block_in_c(key: str) -> None:
+    Attempt.objects.create(key=key, attempt=0)
+    # Catastrophic backtracking: the regex engine holds the GIL and never checks signals.
+    re.match(r"(a+)+$", "a" * 64 + "b")
+    Run.objects.create(key=key)
+
+
+@job(takes_context=True, tries=5, retry_after=2, timeout=1)
+def slow(context: JobContext, key: str, seconds: float) -> None:
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    time.sleep(seconds)
+    Run.objects.create(key=f"{key}-{context.attempt}", pid=os.getpid())
+
+
+@job(tries=5, timeout=20, retry_after=30)
+def sleep_then_record(key: str, seconds: float) -> None:
+    time.sleep(seconds)
+    Run.objects.create(key=key, pid=os.getpid())
+
+
+@job
+def touch_order(order: Order) -> None:
+    Run.objects.create(key=f"order-{order.pk}", note=order.number)
+
+
+@job(tries=3)
+def raise_system_exit() -> None:
+    raise SystemExit(3)
+
+
+@job(tries=1)
+def raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@job(backoff=[5, 60], tries=4)
+def fail_with_backoff() -> None:
+    raise RuntimeError("try later")
+
+
+async def _async_body(key: str) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Run.objects.create)(key=key)
+
+
+@job
+async def async_record(key: str) -> None:
+    await _async_body(key)
