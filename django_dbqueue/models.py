@@ -100,8 +100,8 @@ class JobManager(models.Manager["Job"]):
         return []
 
     def _candidates(self, using: str, queue: str, limit: int) -> JobQuerySet:
-        # The shape the index ``dbqueue_job_claim`` serves: equality on queue and
-        # reserved_at, then the ORDER BY in index order, so LIMIT stops early.
+        # The shape the index ``dbqueue_job_claim`` serves: equality on queue,
+        # then the ORDER BY in index order, so LIMIT stops at the first rows.
         return (
             self.get_queryset()
             .using(using)
@@ -196,7 +196,7 @@ class JobManager(models.Manager["Job"]):
         """
         reclaimed = 0
         tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
-        for job in self.get_queryset().reserved().annotate(db_now=DbNow()):
+        for job in self.get_queryset().reserved().order_by().annotate(db_now=DbNow()):
             assert job.reserved_at is not None
             if job.reserved_at + timedelta(seconds=job.retry_after) > job.db_now:
                 continue
@@ -297,13 +297,16 @@ class Job(models.Model):
     objects = JobManager()
 
     class Meta:
+        db_table = "dbqueue_job"
         ordering = ["-priority", "available_at", "id"]
         indexes = [
-            # Serves the claim: queue = %s AND reserved_at IS NULL ORDER BY
-            # priority DESC, available_at, id. Not partial, so MariaDB/MySQL
-            # (no partial indexes) get the same plan.
+            # Serves the claim: queue = %s ORDER BY priority DESC, available_at, id
+            # LIMIT n, read in index order. Waiting rows come first within each
+            # priority; the few reserved rows are skipped by the filter. Not
+            # partial: PostgreSQL cannot order by an index after an IS NULL
+            # column, and MariaDB/MySQL have no partial indexes.
             models.Index(
-                fields=["queue", "reserved_at", "-priority", "available_at", "id"],
+                fields=["queue", "-priority", "available_at", "id"],
                 name="dbqueue_job_claim",
             ),
             # Serves the reclaim and the supervisor's lookups of reserved rows.
@@ -338,6 +341,7 @@ class FailedJob(models.Model):
     failed_at = models.DateTimeField()
 
     class Meta:
+        db_table = "dbqueue_failed_job"
         ordering = ["-failed_at", "-id"]
         indexes = [models.Index(fields=["failed_at"], name="dbqueue_failed_at")]
 
@@ -364,6 +368,7 @@ class JobProgress(models.Model):
     updated_at = models.DateTimeField()
 
     class Meta:
+        db_table = "dbqueue_job_progress"
         verbose_name_plural = "job progress"
         indexes = [models.Index(fields=["updated_at"], name="dbqueue_progress_updated")]
         constraints = [
