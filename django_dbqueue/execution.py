@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import faulthandler
 import inspect
@@ -14,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Literal
+
+from asgiref.sync import async_to_sync
 
 from . import payload, registry
 from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, WorkerStopped
@@ -126,9 +127,12 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
     timeout = job.timeout or defaults.timeout
     try:
         with _Alarm(timeout, defaults.timeout_grace)():
-            result = definition.func(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = asyncio.run(_await(result))
+            if inspect.iscoroutinefunction(definition.func):
+                # async_to_sync runs the job's sync_to_async calls in this thread,
+                # on the worker's own database connection.
+                result = async_to_sync(definition.func)(*args, **kwargs)
+            else:
+                result = definition.func(*args, **kwargs)
     except WorkerStopped as exc:
         # Forced shutdown: give the job back at once; it runs again elsewhere.
         return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc))
@@ -142,10 +146,6 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
         delay = registry.backoff_seconds(backoff, job.attempts)
         return Outcome("released", duration, exception=exc, error=_traceback(exc), delay=delay)
     return Outcome("succeeded", time.monotonic() - started, result=result)
-
-
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def _failed(exc: BaseException, started: float, error: str) -> Outcome:

@@ -7,8 +7,8 @@ import enum
 import logging
 import os
 import resource
-import select
 import secrets
+import select
 import signal
 import socket
 import time

@@ -44,6 +44,11 @@ elif DB == "sqlite":
 else:
     raise RuntimeError(f"DBQUEUE_TEST_DB must be sqlite, postgres or mysql, not {DB!r}")
 
+if os.environ.get("DBQUEUE_TEST_USE_TEST_DB"):
+    # Set for worker processes started by the tests: use the test database
+    # that pytest-django created, not the development one.
+    DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
+
 SECRET_KEY = "tests-only"
 USE_TZ = True
 TIME_ZONE = "Europe/Paris"

@@ -1,0 +1,135 @@
+"""Fixtures shared by the test layers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_dbqueue.execution import Defaults
+from django_dbqueue.worker import StopReason, Worker, WorkerOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vendor() -> str:
+    return connection.vendor
+
+
+def run_worker(queues: list[str] | None = None, **overrides: Any) -> tuple[Worker, StopReason]:
+    """Run a worker in this process until the queue is empty."""
+    defaults = overrides.pop("defaults", Defaults(tries=3, timeout=30, backoff=0, timeout_grace=2))
+    options = WorkerOptions(queues=queues or ["default"], defaults=defaults, sleep=0,
+                            stop_when_empty=True, **overrides)
+    worker = Worker(options)
+    reason = worker.run()
+    return worker, reason
+
+
+class WorkerProcess:
+    """A real ``queue_work`` process on the test database."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        environment = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DBQUEUE_TEST_USE_TEST_DB": "1",
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.args = args
+        self.log_path = ROOT / ".pytest_cache" / f"worker-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", "queue_work", *args],
+            cwd=ROOT, env=environment, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker did not exit within {timeout} s; output:\n{self.output()}") from None
+
+    def wait_for_output(self, text: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output():
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not seen in worker output:\n{self.output()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        # Children of a supervisor live in their own process groups.
+        self._log.close()
+
+
+@pytest.fixture
+def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        process = WorkerProcess(*args, env=env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        # Supervised workers live in their own process groups: find them first.
+        children = children_of(process.pid)
+        process.stop()
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids of the processes whose parent is ``pid``."""
+    result = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            result.append(int(entry.name))
+    return result
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(message)

@@ -1,0 +1,135 @@
+"""The claim and the compare-and-set state changes, on the real database."""
+
+import datetime as dt
+import re
+
+import pytest
+from django.db.models import F
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_dbqueue.models import FailedJob, Job
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db
+
+
+def expire(job: Job, seconds: int = 3600) -> None:
+    """Move a reservation into the past, as if its worker had died long ago."""
+    Job.objects.filter(pk=job.pk).update(reserved_at=F("reserved_at") - dt.timedelta(seconds=seconds))
+
+
+def test_reserve_bumps_attempts_and_sets_reserved_at_and_the_worker():
+    row = jobs.add.enqueue(1, 2)
+    job = Job.objects.reserve(["default"], worker_id="host:1:abc")
+    assert job is not None and job.pk == row.pk
+    stored = Job.objects.get(pk=row.pk)
+    assert (stored.attempts, stored.reserved_by) == (1, "host:1:abc")
+    assert stored.reserved_at is not None and stored.reserved_at == job.reserved_at
+    assert Job.objects.reserve(["default"]) is None
+
+
+def test_reserve_takes_the_first_non_empty_queue_in_the_list():
+    low = jobs.add.using(queue="low").enqueue(1, 1)
+    high = jobs.add.using(queue="high").enqueue(2, 2)
+    assert Job.objects.reserve(["high", "low"]).pk == high.pk
+    assert Job.objects.reserve(["high", "low"]).pk == low.pk
+    assert Job.objects.reserve(["high", "low"]) is None
+
+
+def test_reserve_takes_higher_priority_first_then_oldest():
+    first = jobs.add.enqueue(1, 1)
+    second = jobs.add.enqueue(2, 2)
+    urgent = jobs.add.using(priority=10).enqueue(3, 3)
+    order = [Job.objects.reserve(["default"]).pk for _ in range(3)]
+    assert order == [urgent.pk, first.pk, second.pk]
+
+
+def test_reserve_many_hands_out_distinct_rows_up_to_the_limit():
+    rows = [jobs.add.enqueue(i, i) for i in range(5)]
+    first = Job.objects.reserve_many(["default"], limit=3)
+    second = Job.objects.reserve_many(["default"], limit=3)
+    assert [job.pk for job in first] == [row.pk for row in rows[:3]]
+    assert [job.pk for job in second] == [row.pk for row in rows[3:]]
+    assert Job.objects.reserved().count() == 5
+
+
+def test_the_busy_path_does_not_look_for_expired_reservations():
+    jobs.add.enqueue(1, 1)
+    with CaptureQueriesContext(connection) as queries:
+        Job.objects.reserve(["default"])
+    assert not any("IS NOT NULL" in query["sql"] for query in queries.captured_queries)
+
+
+def test_an_expired_reservation_is_reclaimed_and_reserved_again_with_attempts_counted():
+    row = jobs.add.enqueue(1, 2)
+    first = Job.objects.reserve(["default"], worker_id="dead")
+    assert Job.objects.reserve(["default"]) is None  # not expired yet
+    expire(first)
+    second = Job.objects.reserve(["default"], worker_id="alive")
+    assert second is not None and second.pk == row.pk
+    assert (second.attempts, second.reserved_by) == (2, "alive")
+
+
+def test_a_reclaimed_job_that_used_its_tries_moves_to_failed_job():
+    row = jobs.add.using(tries=1).enqueue(1, 2)
+    expire(Job.objects.reserve(["default"]))
+    assert Job.objects.reserve(["default"]) is None
+    failed = FailedJob.objects.get()
+    assert (failed.job_id, failed.name, failed.attempts) == (row.pk, "tests.add", 1)
+    assert failed.exception_class == "django_dbqueue.exceptions.MaxAttemptsExceeded"
+    assert "attempted too many times or ran too long" in failed.error
+    assert not Job.objects.exists()
+
+
+def test_a_late_delete_release_or_fail_does_not_touch_the_new_reservation():
+    jobs.add.enqueue(1, 2)
+    stale = Job.objects.reserve(["default"], worker_id="slow")
+    expire(stale)
+    current = Job.objects.reserve(["default"], worker_id="fast")
+    assert current.attempts == stale.attempts + 1
+
+    assert Job.objects.delete_reserved(stale) is False
+    assert Job.objects.release(stale, delay=0) is False
+    assert Job.objects.fail(stale, error="late", exception_class="x") is None
+    stored = Job.objects.get()
+    assert (stored.attempts, stored.reserved_by) == (current.attempts, "fast")
+    assert stored.reserved_at is not None and not FailedJob.objects.exists()
+
+    assert Job.objects.delete_reserved(current) is True
+    assert not Job.objects.exists()
+
+
+def test_release_makes_the_job_available_after_its_delay():
+    jobs.add.enqueue(1, 2)
+    job = Job.objects.reserve(["default"])
+    assert Job.objects.release(job, delay=3600)
+    stored = Job.objects.get()
+    assert stored.reserved_at is None and stored.reserved_by == ""
+    assert Job.objects.delayed().count() == 1 and Job.objects.reserve(["default"]) is None
+    Job.objects.release(stored, delay=0)
+    assert Job.objects.reserve(["default"]).attempts == 2
+
+
+def test_fail_moves_the_job_to_failed_job_in_one_transaction():
+    row = jobs.add.enqueue(1, 2)
+    job = Job.objects.reserve(["default"])
+    failed = Job.objects.fail(job, error="Traceback...\nValueError: no", exception_class="builtins.ValueError")
+    assert failed is not None
+    failed.refresh_from_db()
+    assert (failed.job_id, failed.payload, failed.error_summary) == (row.pk, row.payload, "ValueError: no")
+    assert failed.created_at == row.created_at and failed.failed_at >= row.created_at
+    assert not Job.objects.exists()
+
+
+def test_reclaim_worker_releases_a_dead_workers_jobs_at_once():
+    jobs.add.enqueue(1, 2)
+    jobs.add.using(tries=1).enqueue(3, 4)
+    jobs.add.enqueue(5, 6)
+    held = Job.objects.reserve_many(["default"], limit=2, worker_id="dead")
+    Job.objects.reserve(["default"], worker_id="alive")
+    count = Job.objects.reclaim_worker("dead", error_for=lambda elapsed: f"died after {elapsed:.0f} s")
+    assert count == 2
+    assert Job.objects.waiting().get().pk == held[0].pk
+    assert re.fullmatch(r"died after \d+ s", FailedJob.objects.get().error)
+    assert Job.objects.reserved().get().reserved_by == "alive"
