@@ -1,0 +1,79 @@
+"""The demo's jobs, one per feature of the queue.
+
+django_dbqueue imports every installed app's ``jobs.py`` at startup, so a
+worker knows these jobs by their names (``demo.jobs.send_welcome_email``, ...).
+"""
+
+import logging
+import time
+
+from django.utils import timezone
+
+from django_dbqueue import JobContext, job
+
+from .models import Order
+
+logger = logging.getLogger("demo")
+
+
+@job
+def send_welcome_email(user_email: str) -> None:
+    """Send a welcome email (here: log one line); succeeds on its first attempt.
+
+    A plain ``@job`` takes its options from the worker and ``DBQUEUE``.
+    """
+    logger.info("welcome email sent to=%s", user_email)
+
+
+@job(takes_context=True, tries=3, backoff=0)
+def sync_customer_to_crm(context: JobContext, user_email: str) -> None:
+    """Push a customer to a flaky CRM: the first attempt fails, the retry succeeds.
+
+    ``takes_context=True`` passes a JobContext first, with the attempt number.
+    A job that raises is released and runs again until it has used its tries.
+    ``backoff=0`` makes the retry available at once so the demo's
+    ``--stop-when-empty`` worker sees it; a real job would wait, e.g.
+    ``backoff=[10, 60, 300]``.
+    """
+    if context.attempt == 1:
+        raise ConnectionError(f"CRM did not answer for {user_email} (attempt {context.attempt} of {context.tries})")
+    logger.info("customer synced to CRM email=%s attempt=%s", user_email, context.attempt)
+
+
+@job(tries=2, backoff=0)
+def notify_warehouse(order_number: str) -> None:
+    """Tell a warehouse that does not exist: fails every time.
+
+    After ``tries=2`` attempts the job moves to FailedJob, with the full
+    traceback in ``error`` and its payload kept, so it can be retried later.
+    """
+    raise RuntimeError(f"warehouse API rejected order {order_number}: 503 Service Unavailable")
+
+
+@job(timeout=10, retry_after=30)
+def build_sales_report(seconds: float = 3) -> str:
+    """Take a few seconds, like a real report.
+
+    ``timeout=10``: a run that takes longer is stopped and counts as a failed attempt.
+    ``retry_after=30``: a reservation older than that is presumed dead (its worker
+    was killed) and the job is reclaimed. It must be longer than the timeout, or a
+    job still running would be reclaimed and run a second time in parallel.
+    """
+    time.sleep(seconds)
+    logger.info("sales report built seconds=%s", seconds)
+    return "report.pdf"
+
+
+@job
+def confirm_order(order: Order) -> None:
+    """Confirm an order given as a model instance.
+
+    The payload stores a reference (``demo.order`` and the primary key), not the
+    row, and the worker fetches the row again when the job runs, so the job sees
+    the order as it is then. Enqueued in the transaction that creates the order,
+    the job exists if and only if the order commits.
+    """
+    order.status = Order.Status.CONFIRMED
+    order.confirmed_at = timezone.now()
+    order.save(update_fields=["status", "confirmed_at"])
+    logger.info("order confirmed number=%s", order.number)
