@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.models.functions import Now
 
 from . import conf
@@ -36,7 +36,13 @@ def claims_with_skip_locked(using: str | None = None) -> bool:
 
 
 def is_connection_error(exc: BaseException, using: str | None = None) -> bool:
-    """Tell whether ``exc`` means the connection is gone rather than a bad query."""
+    """Tell whether ``exc`` may mean the connection is gone rather than a bad query.
+
+    Drivers report a killed session or a restarted server as OperationalError
+    or InterfaceError, sometimes while still calling the connection idle.
+    """
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return True
     if not isinstance(exc, DatabaseError):
         return False
     connection = connections[using or alias()]

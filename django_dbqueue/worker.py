@@ -123,6 +123,11 @@ class Worker:
             self.process(job)
             if options.once:
                 return StopReason.ONCE
+            # After a job, so a worker that starts above the limit still makes progress.
+            if options.memory is not None and (used := memory_mb()) >= options.memory:
+                logger.warning("memory limit reached worker_id=%s memory_mb=%.0f limit_mb=%s",
+                               self.worker_id, used, options.memory)
+                return StopReason.MEMORY
             if options.rest > 0:
                 self.wait(options.rest)
 
@@ -134,10 +139,6 @@ class Worker:
             return StopReason.MAX_JOBS
         if options.max_time is not None and time.monotonic() - started >= options.max_time:
             return StopReason.MAX_TIME
-        if options.memory is not None and memory_mb() >= options.memory:
-            logger.warning("memory limit reached worker_id=%s memory_mb=%.0f limit_mb=%s",
-                           self.worker_id, memory_mb(), options.memory)
-            return StopReason.MEMORY
         if options.parent_pid is not None and os.getppid() != options.parent_pid:
             return StopReason.ORPHANED
         return None
@@ -223,8 +224,8 @@ class Worker:
 
     def _database_trouble(self, exc: DatabaseError, what: str, attempt: int) -> bool:
         lost = is_connection_error(exc)
-        if lost:
-            drop_connection()
+        # A fresh connection costs little on this path and clears any broken state.
+        drop_connection()
         delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
         logger.warning("database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",
                        what, self.worker_id, lost, delay, exc)

@@ -82,4 +82,9 @@ TEMPLATES = [
     }
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-DBQUEUE = {"SLEEP": 0.05, "RETRY_AFTER": 60, "TIMEOUT": 30}
+DBQUEUE = {
+    "SLEEP": 0.05,
+    "RETRY_AFTER": 60,
+    "TIMEOUT": 30,
+    "TIMEOUT_GRACE": float(os.environ.get("DBQUEUE_TEST_TIMEOUT_GRACE", "5")),
+}

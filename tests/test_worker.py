@@ -203,7 +203,8 @@ def test_max_jobs_and_once_stop_the_worker():
     assert (reason, worker.processed, Job.objects.count()) == (StopReason.ONCE, 1, 0)
 
 
-def test_memory_limit_stops_the_worker():
-    jobs.record.enqueue("m")
+def test_memory_limit_stops_the_worker_after_a_job():
+    jobs.record.enqueue("m1")
+    jobs.record.enqueue("m2")
     worker, reason = run_worker(memory=1)
-    assert (reason, worker.processed) == (StopReason.MEMORY, 0)
+    assert (reason, worker.processed, Job.objects.count()) == (StopReason.MEMORY, 1, 1)

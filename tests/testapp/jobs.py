@@ -1,7 +1,6 @@
 """Jobs used by the tests; found by autodiscovery like any app's jobs.py."""
 
 import os
-import re
 import time
 
 from django_dbqueue import JobContext, job
@@ -49,8 +48,8 @@ def sleep_past_timeout(key: str) -> None:
 @job(tries=1, timeout=1, retry_after=30)
 def block_in_c(key: str) -> None:
     Attempt.objects.create(key=key, attempt=0)
-    # Catastrophic backtracking: the regex engine holds the GIL and never checks signals.
-    re.match(r"(a+)+$", "a" * 64 + "b")
+    # A C loop that holds the GIL and never checks for signals: SIGALRM cannot stop it.
+    sum(range(10**15))
     Run.objects.create(key=key)
 
 
@@ -96,3 +95,12 @@ async def _async_body(key: str) -> None:
 @job
 async def async_record(key: str) -> None:
     await _async_body(key)
+
+
+@job(takes_context=True, tries=3, retry_after=3, timeout=2)
+def crash_target(context: JobContext, key: str) -> None:
+    """Sleeps on its first attempt (long enough to be killed), records on the next."""
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    if context.attempt == 1:
+        time.sleep(1.8)
+    Run.objects.create(key=key, pid=os.getpid())

@@ -1,0 +1,91 @@
+"""System checks: each one, and that they are registered."""
+
+import pytest
+from django.core import checks
+from django.test import override_settings
+
+from django_dbqueue import conf, job, registry
+from django_dbqueue.checks import check_database, check_settings, check_timeouts, check_worker
+
+
+def ids(messages):
+    return [message.id for message in messages]
+
+
+def test_the_checks_are_registered():
+    registered = checks.registry.registry.get_checks(include_deployment_checks=False)
+    assert {check_settings, check_timeouts, check_database} <= set(registered)
+
+
+def test_no_messages_for_the_test_settings():
+    assert check_settings() == [] and check_timeouts() == []
+
+
+@override_settings(DBQUEUE=["not", "a", "dict"])
+def test_dbqueue_must_be_a_dict():
+    assert ids(check_settings()) == ["dbqueue.E001"]
+
+
+@override_settings(DBQUEUE={"RETRY_AFTR": 10})
+def test_an_unknown_key_is_reported_with_the_closest_known_key():
+    [message] = check_settings()
+    assert message.id == "dbqueue.E002" and message.hint == "Did you mean 'RETRY_AFTER'?"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("TRIES", 0), ("TRIES", "3"), ("RETRY_AFTER", 1.5), ("TIMEOUT", -1), ("BACKOFF", [1, "x"]),
+     ("SLEEP", -1), ("AUTODISCOVER", "yes"), ("QUEUE", ""), ("DATABASE", 3)],
+)
+def test_a_value_of_the_wrong_type_is_reported(key, value):
+    with override_settings(DBQUEUE={key: value}):
+        [message] = check_settings()
+    assert message.id == "dbqueue.E003" and f"DBQUEUE[{key!r}] must be" in message.msg
+
+
+@override_settings(DBQUEUE={"DATABASE": "queue"})
+def test_a_database_alias_that_does_not_exist_is_reported():
+    assert ids(check_settings()) == ["dbqueue.E004"]
+
+
+@override_settings(DBQUEUE={"RETRY_AFTER": 30, "TIMEOUT": 30})
+def test_retry_after_not_longer_than_timeout_is_reported():
+    assert "dbqueue.W001" in ids(check_timeouts())
+
+
+def test_a_job_whose_retry_after_is_not_longer_than_its_timeout_is_reported():
+    @job(name="tests.checks.too_short", timeout=120, retry_after=60)
+    def too_short():
+        pass
+
+    try:
+        messages = [m for m in check_timeouts() if m.id == "dbqueue.W002"]
+    finally:
+        registry.unregister("tests.checks.too_short")
+    assert len(messages) == 1 and "'tests.checks.too_short' has retry_after 60 s" in messages[0].msg
+
+
+def test_settings_changes_are_seen_at_once():
+    assert conf.get("TRIES") == 3
+    with override_settings(DBQUEUE={"TRIES": 7}):
+        assert conf.get("TRIES") == 7
+    assert conf.get("TRIES") == 3
+
+
+@pytest.mark.django_db
+def test_the_test_database_can_claim_safely():
+    assert check_database(databases=["default"]) == []
+
+
+@pytest.mark.django_db
+def test_sqlite_with_several_workers_is_warned_about(settings):
+    from django.db import connection
+
+    messages = check_worker(concurrency=4, timeout=10)
+    expected = ["dbqueue.W003"] if connection.vendor == "sqlite" else []
+    assert ids(messages) == expected
+    assert ids(check_worker(concurrency=1, timeout=10)) == []
+
+
+def test_a_worker_timeout_not_shorter_than_retry_after_is_warned_about():
+    assert ids(check_worker(concurrency=None, timeout=60)) == ["dbqueue.W004"]
