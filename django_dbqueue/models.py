@@ -180,6 +180,10 @@ class JobManager(models.Manager["Job"]):
                 queue=job.queue,
                 name=job.name,
                 payload=job.payload,
+                priority=job.priority,
+                max_tries=job.max_tries,
+                retry_after=job.retry_after,
+                timeout=job.timeout,
                 attempts=job.attempts,
                 exception_class=exception_class[:255],
                 error=error,
@@ -326,6 +330,30 @@ class Job(models.Model):
         return self.max_tries if self.max_tries is not None else default
 
 
+class FailedJobQuerySet(models.QuerySet["FailedJob"]):
+    def retry(self) -> list[Job]:
+        """Put each failed job back as a fresh job and remove its failed row, in one transaction."""
+        with transaction.atomic(using=self.db):
+            failed = list(self.select_for_update().order_by("id"))
+            jobs = Job.objects.bulk_enqueue(
+                [
+                    Job(
+                        queue=row.queue, name=row.name, payload=row.payload, priority=row.priority,
+                        max_tries=row.max_tries, retry_after=row.retry_after, timeout=row.timeout,
+                        available_at=DbNow(), created_at=DbNow(),
+                    )
+                    for row in failed
+                ]
+            )
+            FailedJob.objects.using(self.db).filter(pk__in=[row.pk for row in failed]).delete()
+        return jobs
+
+
+class FailedJobManager(models.Manager["FailedJob"]):
+    def get_queryset(self) -> FailedJobQuerySet:
+        return FailedJobQuerySet(self.model, using=self._db or alias())
+
+
 class FailedJob(models.Model):
     """A job that used its tries or could not run: the dead-letter table."""
 
@@ -334,11 +362,18 @@ class FailedJob(models.Model):
     queue = models.CharField(max_length=100)
     name = models.CharField(max_length=200)
     payload = models.TextField(help_text="The whole envelope, as it was queued.")
+    # The job's options, so a retry queues it exactly as it was.
+    priority = models.SmallIntegerField(default=0)
+    max_tries = models.PositiveSmallIntegerField(null=True, blank=True)
+    retry_after = models.PositiveIntegerField(default=60)
+    timeout = models.PositiveIntegerField(null=True, blank=True)
     attempts = models.PositiveIntegerField()
     exception_class = models.CharField(max_length=255)
     error = models.TextField(help_text="The full traceback, or why the job could not run.")
     created_at = models.DateTimeField(help_text="When the job was first enqueued.")
     failed_at = models.DateTimeField()
+
+    objects = FailedJobManager()
 
     class Meta:
         db_table = "dbqueue_failed_job"

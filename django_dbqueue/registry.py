@@ -104,6 +104,7 @@ class JobDefinition(Generic[P, R]):
         """Store a call of this job; it runs once the surrounding transaction commits."""
         job = self.bind(*args, **kwargs).to_row()
         job.save(force_insert=True, using=job._state.db)
+        _load_database_times([job])
         signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
         logger.debug("enqueued job=%s id=%s queue=%s", job.name, job.pk, job.queue)
         return job
@@ -160,9 +161,26 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[Jo
 
     rows = [call.to_row() for call in calls]
     jobs = Job.objects.bulk_enqueue(rows, batch_size=batch_size)
+    _load_database_times(jobs)
     for job in jobs:
         signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
     return jobs
+
+
+def _load_database_times(jobs: list[Job]) -> None:
+    """Replace the database-clock expressions on saved rows by their stored values.
+
+    Django 6 reads them back in the INSERT's RETURNING clause; Django 5.2 and
+    backends without RETURNING leave the expression on the instance.
+    """
+    from .models import Job
+
+    pending = {job.pk: job for job in jobs if job.pk is not None and hasattr(job.created_at, "resolve_expression")}
+    if not pending:
+        return
+    stored = Job.objects.filter(pk__in=list(pending)).values_list("pk", "available_at", "created_at")
+    for pk, available_at, created_at in stored:
+        pending[pk].available_at, pending[pk].created_at = available_at, created_at
 
 
 def backoff_seconds(backoff: Backoff, attempt: int) -> float:
@@ -187,13 +205,17 @@ def _validate_options(definition: JobDefinition[..., Any]) -> None:
     for option in ("retry_after", "timeout"):
         value = getattr(definition, option)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ImproperlyConfigured(f"{where}: {option} must be a whole number of seconds, at least 1, not {value!r}")
+            raise ImproperlyConfigured(
+                f"{where}: {option} must be a whole number of seconds, at least 1, not {value!r}"
+            )
     if definition.backoff is not None and not valid_backoff(definition.backoff):
         raise ImproperlyConfigured(
             f"{where}: backoff must be seconds (a number >= 0) or a list of them, not {definition.backoff!r}"
         )
     if not isinstance(definition.priority, int) or not -100 <= definition.priority <= 100:
-        raise ImproperlyConfigured(f"{where}: priority must be an integer from -100 to 100, not {definition.priority!r}")
+        raise ImproperlyConfigured(
+            f"{where}: priority must be an integer from -100 to 100, not {definition.priority!r}"
+        )
     if not isinstance(definition.delay, (int, float)) or definition.delay < 0:
         raise ImproperlyConfigured(f"{where}: delay must be seconds >= 0 or a timedelta, not {definition.delay!r}")
 

@@ -125,7 +125,8 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
-        logger.info("supervisor forwarding %s to %s worker process(es)", signal.Signals(signum).name, len(self.children))
+        logger.info("supervisor forwarding %s to %s worker process(es)",
+                    signal.Signals(signum).name, len(self.children))
         for pid in list(self.children):
             try:
                 os.kill(pid, signum)

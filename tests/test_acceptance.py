@@ -28,8 +28,13 @@ def drain_size() -> int:
 
 def test_four_workers_run_every_job_exactly_once(worker_process):
     total = drain_size()
+    workers = [worker_process("--max-time", "150", "--sleep", "0.05") for _ in range(4)]
+    for process in workers:
+        process.wait_for_output("worker started")
     enqueue_many(jobs.record.bind(f"job-{i}") for i in range(total))
-    workers = [worker_process("--stop-when-empty", "--sleep", "0.05") for _ in range(4)]
+    wait_until(lambda: not Job.objects.exists(), 150, "the workers did not drain the queue")
+    for process in workers:
+        process.signal(signal.SIGTERM)
     for process in workers:
         assert process.wait(timeout=180) == 0, process.output()
     # Run.key is unique: a second run of any job would have failed to insert.

@@ -4,8 +4,8 @@ import datetime as dt
 import re
 
 import pytest
-from django.db.models import F
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue.models import FailedJob, Job

@@ -129,7 +129,7 @@ def test_system_exit_and_keyboard_interrupt_in_a_job_do_not_end_the_worker():
     jobs.raise_system_exit.enqueue()
     jobs.raise_keyboard_interrupt.enqueue()
     jobs.record.enqueue("still-serving")
-    worker, reason = run_worker()
+    _worker, reason = run_worker()
     assert reason is StopReason.EMPTY
     assert Run.objects.filter(key="still-serving").exists()
     failures = dict(FailedJob.objects.values_list("name", "exception_class"))
