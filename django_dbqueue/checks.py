@@ -16,8 +16,9 @@ CLAIM_VENDORS = ("postgresql", "mysql", "sqlite")
 
 
 def _number(value: Any, *, minimum: float, integer: bool = False) -> bool:
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    return isinstance(value, kinds) and not isinstance(value, bool) and value >= minimum
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (isinstance(value, int) or not integer) and value >= minimum
 
 
 VALIDATORS: dict[str, tuple[str, Any]] = {

@@ -24,6 +24,10 @@ from .db import DbNow, alias, claims_with_skip_locked
 
 logger = logging.getLogger("django_dbqueue")
 
+# Annotation that reads the database's clock into ``Job.db_now``; passed as a
+# dict so the type checker keeps the attribute declared on the model.
+_DB_NOW = {"db_now": DbNow()}
+
 RECLAIMED_ERROR = (
     "{name} (job {id}) was reserved {attempts} time(s) and its worker did not finish it "
     "within retry_after ({retry_after} s): it was attempted too many times or ran too long. "
@@ -107,7 +111,7 @@ class JobManager(models.Manager["Job"]):
             .using(using)
             .filter(queue=queue, reserved_at__isnull=True, available_at__lte=DbNow())
             .order_by("-priority", "available_at", "id")
-            .annotate(db_now=DbNow())[:limit]
+            .annotate(**_DB_NOW)[:limit]
         )
 
     def _claim_locked(self, using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
@@ -200,7 +204,7 @@ class JobManager(models.Manager["Job"]):
         """
         reclaimed = 0
         tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
-        for job in self.get_queryset().reserved().order_by().annotate(db_now=DbNow()):
+        for job in self.get_queryset().reserved().order_by().annotate(**_DB_NOW):
             assert job.reserved_at is not None
             if job.reserved_at + timedelta(seconds=job.retry_after) > job.db_now:
                 continue
@@ -245,7 +249,7 @@ class JobManager(models.Manager["Job"]):
         count = 0
         tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
         held = self.get_queryset().filter(reserved_by=worker_id, reserved_at__isnull=False)
-        for job in held.annotate(db_now=DbNow()):
+        for job in held.annotate(**_DB_NOW):
             assert job.reserved_at is not None
             if job.attempts >= job.tries_allowed(tries_default):
                 elapsed = (job.db_now - job.reserved_at).total_seconds()
@@ -299,6 +303,9 @@ class Job(models.Model):
     created_at = models.DateTimeField()
 
     objects = JobManager()
+
+    # The database's clock, on rows read by queries that annotate it.
+    db_now: datetime
 
     class Meta:
         db_table = "dbqueue_job"

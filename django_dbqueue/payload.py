@@ -81,7 +81,7 @@ def _decode_tagged(obj: dict[str, Any]) -> Any:
     tag = obj.get(TAG)
     if tag is None:
         return obj
-    value = obj.get("v")
+    value: Any = obj.get("v")
     try:
         if tag == "datetime":
             return dt.datetime.fromisoformat(value)
@@ -125,7 +125,8 @@ class ModelRef:
                 f"the argument refers to the model {self.label!r}, which is not installed"
             ) from exc
         try:
-            return model._default_manager.get(pk=self.pk)
+            instance: models.Model = model._default_manager.get(pk=self.pk)
+            return instance
         except model.DoesNotExist as exc:
             raise ModelReferenceMissing(
                 f"{model._meta.label} with pk={self.pk!r} no longer exists; it was deleted after "

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -64,8 +64,8 @@ class JobDefinition(Generic[P, R]):
     def __post_init__(self) -> None:
         _validate_options(self)
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """Call the function directly, in this process."""
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        """Call the function directly, in this process (a context job takes its context first)."""
         return self.func(*args, **kwargs)
 
     def using(
@@ -236,6 +236,7 @@ def job(func: Callable[P, R], /) -> JobDefinition[P, R]: ...
 @overload
 def job(
     *,
+    takes_context: Literal[True],
     name: str | None = None,
     queue: str | None = None,
     tries: int | None = None,
@@ -243,7 +244,22 @@ def job(
     timeout: int | None = None,
     backoff: Backoff | None = None,
     priority: int = 0,
-    takes_context: bool = False,
+    delay: float = 0,
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
+
+
+@overload
+def job(
+    *,
+    takes_context: Literal[False] = False,
+    name: str | None = None,
+    queue: str | None = None,
+    tries: int | None = None,
+    retry_after: int | None = None,
+    timeout: int | None = None,
+    backoff: Backoff | None = None,
+    priority: int = 0,
+    delay: float = 0,
 ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
 

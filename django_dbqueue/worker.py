@@ -269,8 +269,8 @@ class Worker:
         """Handle SIGTERM and SIGINT while the worker runs; restore the old handlers after."""
         previous: dict[int, Any] = {}
         try:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                previous[signum] = signal.signal(signum, self._on_signal)
+            for stop_signal in (signal.SIGTERM, signal.SIGINT):
+                previous[stop_signal] = signal.signal(stop_signal, self._on_signal)
         except ValueError:
             # Not the main thread: stop only through request_stop().
             pass

@@ -2,8 +2,10 @@
 
 import os
 import tempfile
+from typing import Any
 
 DB = os.environ.get("DBQUEUE_TEST_DB", "sqlite")
+DATABASES: dict[str, dict[str, Any]]
 
 if DB == "postgres":
     DATABASES = {

@@ -124,7 +124,7 @@ class Command(BaseCommand):
         logger = logging.getLogger("django_dbqueue")
         if logger.handlers or verbosity == 0:
             return
-        handler = logging.StreamHandler(self.stderr)  # type: ignore[arg-type]
+        handler = logging.StreamHandler(self.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG if verbosity >= 3 else logging.INFO)
