@@ -197,16 +197,26 @@ class JobManager(models.Manager["Job"]):
 
     # -- reclaim -----------------------------------------------------------
 
-    def reclaim_expired(self, *, default_tries: int | None = None) -> int:
+    def expired(self) -> list[Job]:
+        """Reserved jobs whose reservation is older than their ``retry_after``."""
+        return [
+            job
+            for job in self.get_queryset().reserved().order_by().annotate(**_DB_NOW)
+            if job.reserved_at is not None and job.reserved_at + timedelta(seconds=job.retry_after) <= job.db_now
+        ]
+
+    def reclaim_expired(self, *, default_tries: int | None = None, ids: Iterable[int] | None = None) -> int:
         """Reclaim reservations older than their ``retry_after``; return how many.
 
         A job that has used its tries moves to ``FailedJob`` instead of running again.
+        ``ids`` limits the reclaim to those jobs.
         """
         reclaimed = 0
         tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
-        for job in self.get_queryset().reserved().order_by().annotate(**_DB_NOW):
+        only = set(ids) if ids is not None else None
+        for job in self.expired():
             assert job.reserved_at is not None
-            if job.reserved_at + timedelta(seconds=job.retry_after) > job.db_now:
+            if only is not None and job.pk not in only:
                 continue
             if job.attempts >= job.tries_allowed(tries_default):
                 error = RECLAIMED_ERROR.format(
@@ -360,6 +370,10 @@ class FailedJobManager(models.Manager["FailedJob"]):
     def get_queryset(self) -> FailedJobQuerySet:
         return FailedJobQuerySet(self.model, using=self._db or alias())
 
+    def retry(self, ids: Iterable[int]) -> list[Job]:
+        """Retry the failed jobs with these ids; see ``FailedJobQuerySet.retry``."""
+        return self.get_queryset().filter(pk__in=list(ids)).retry()
+
 
 class FailedJob(models.Model):
     """A job that used its tries or could not run: the dead-letter table."""
@@ -397,6 +411,13 @@ class FailedJob(models.Model):
         return lines[-1].strip() if lines else ""
 
 
+class QueueDatabaseManager(models.Manager[Any]):
+    """Reads and writes the database that holds the queue."""
+
+    def get_queryset(self) -> models.QuerySet[Any]:
+        return super().get_queryset().using(self._db or alias())
+
+
 class JobProgress(models.Model):
     """Progress of one job (key = its id) or chain (key = ``chain:<id>``)."""
 
@@ -408,6 +429,8 @@ class JobProgress(models.Model):
     failed = models.BooleanField(default=False)
     error = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_job_progress"
@@ -422,3 +445,19 @@ class JobProgress(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.percent:.0f}%"
+
+
+class QueueControl(models.Model):
+    """Markers every worker on every host reads, such as a restart request."""
+
+    key = models.CharField(max_length=100, unique=True)
+    updated_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_control"
+        verbose_name = "queue control marker"
+
+    def __str__(self) -> str:
+        return f"{self.key} at {self.updated_at}"

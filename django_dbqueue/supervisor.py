@@ -25,6 +25,9 @@ logger = logging.getLogger("django_dbqueue")
 
 # A child exits with this code to be replaced by a fresh process.
 EXIT_RECYCLE = 75
+# A child exits with this code after queue_restart: the supervisor exits too,
+# so its process manager starts it again on the new code.
+EXIT_RESTART = 76
 RECYCLE_REASONS = {StopReason.MAX_JOBS, StopReason.MEMORY}
 # A child that dies sooner than this after its start is restarted after a pause.
 CRASH_LOOP_SECONDS = 1.0
@@ -98,6 +101,10 @@ class Supervisor:
         if code == 0:
             logger.info("worker process exited pid=%s", pid)
             return
+        if code == EXIT_RESTART:
+            logger.info("worker process exited for a restart pid=%s; the supervisor exits when all have", pid)
+            self.stopping = True
+            return
         if code == EXIT_RECYCLE:
             logger.info("worker process recycled pid=%s", pid)
         else:
@@ -137,4 +144,6 @@ class Supervisor:
 def _run_child(options: WorkerOptions, worker_id: str) -> int:
     child_options = WorkerOptions(**{**options.__dict__, "parent_pid": os.getppid()})
     reason = Worker(child_options, worker_id=worker_id).run()
+    if reason is StopReason.RESTART:
+        return EXIT_RESTART
     return EXIT_RECYCLE if reason in RECYCLE_REASONS else 0

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from .db import drop_connection, is_connection_error
 from .exceptions import WorkerStopped
 from .execution import Defaults, Outcome, execute
 from .models import Job
+from .operations import restart_marker
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -33,6 +35,8 @@ T = TypeVar("T")
 DB_RETRY_DELAYS = (0.5, 1, 2, 4, 8, 15, 30)
 # Errors other than a lost connection are retried this many times when recording an outcome.
 MAX_RECORD_ERRORS = 5
+# Seconds between two looks at the restart marker (queue_restart).
+RESTART_CHECK_INTERVAL = 2.0
 
 
 class StopReason(enum.Enum):
@@ -43,6 +47,7 @@ class StopReason(enum.Enum):
     MAX_TIME = "max-time"
     MEMORY = "memory"
     ORPHANED = "orphaned"
+    RESTART = "restart"
 
 
 @dataclasses.dataclass
@@ -86,6 +91,8 @@ class Worker:
         self.in_job = False
         self._signals = 0
         self._reserve_errors = 0
+        self._restart_seen: datetime | None = None
+        self._restart_checked = 0.0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
 
@@ -95,6 +102,8 @@ class Worker:
         """Process jobs until a stop condition; return why the worker stopped."""
         started = time.monotonic()
         logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
+        self._restart_seen = self._read_restart_marker()
+        self._restart_checked = started
         with self.handle_signals():
             try:
                 reason = self._loop(started)
@@ -141,7 +150,20 @@ class Worker:
             return StopReason.MAX_TIME
         if options.parent_pid is not None and os.getppid() != options.parent_pid:
             return StopReason.ORPHANED
+        if time.monotonic() - self._restart_checked >= RESTART_CHECK_INTERVAL:
+            self._restart_checked = time.monotonic()
+            marker = self._read_restart_marker()
+            if marker is not None and marker != self._restart_seen:
+                logger.info("restart requested worker_id=%s at=%s", self.worker_id, marker.isoformat())
+                return StopReason.RESTART
         return None
+
+    def _read_restart_marker(self) -> datetime | None:
+        try:
+            return restart_marker()
+        except DatabaseError:
+            # The reserve step reports and handles database trouble.
+            return self._restart_seen
 
     # -- steps -----------------------------------------------------------------
 
