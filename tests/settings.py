@@ -52,6 +52,7 @@ if os.environ.get("DBQUEUE_TEST_USE_TEST_DB"):
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
 
 SECRET_KEY = "tests-only"
+ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
 USE_TZ = True
 TIME_ZONE = "Europe/Paris"
 INSTALLED_APPS = [
@@ -60,6 +61,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_dbqueue",
     "tests.testapp",
 ]
@@ -70,6 +72,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "static/"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
