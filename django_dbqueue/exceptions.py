@@ -27,6 +27,14 @@ class WorkerLost(DbQueueError):
     """The worker process that held a job died."""
 
 
+class FailedJobsNotFound(DbQueueError, LookupError):
+    """Some of the failed job ids asked for do not exist."""
+
+    def __init__(self, message: str, ids: list[int]) -> None:
+        super().__init__(message)
+        self.ids = ids
+
+
 class JobTimeout(BaseException):
     """Raised inside a job that ran past its timeout.
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Max, Min, Q, QuerySet
 
-from .db import DbNow
-from .models import FailedJob, Job, QueueControl
+from .db import DbNow, alias
+from .exceptions import FailedJobsNotFound
+from .models import FailedJob, FailedJobQuerySet, Job, QueueControl
 
 RESTART_KEY = "restart"
 
@@ -68,6 +70,17 @@ def queue_overview() -> list[QueueStats]:
     return sorted(stats.values(), key=lambda item: item.queue)
 
 
+def queue_overview_of(queues: Sequence[str]) -> list[QueueStats]:
+    """Counts for ``queues``, in that order; a queue without jobs gets zeros."""
+    stats = {item.queue: item for item in queue_overview()}
+    return [stats.get(queue, QueueStats(queue)) for queue in dict.fromkeys(queues)]
+
+
+def queues_over(stats: Iterable[QueueStats], limit: int) -> list[QueueStats]:
+    """The queues holding more than ``limit`` jobs not yet done."""
+    return [item for item in stats if item.size > limit]
+
+
 def run_now(jobs: QuerySet[Job]) -> int:
     """Make unreserved jobs available at once; return how many."""
     return jobs.filter(reserved_at__isnull=True).update(available_at=DbNow())
@@ -88,6 +101,85 @@ def failed_older_than(hours: float) -> QuerySet[FailedJob]:
     return FailedJob.objects.filter(failed_at__lt=DbNow() - timedelta(hours=hours))
 
 
+def failed_jobs(*, queue: str | None = None, name: str | None = None) -> FailedJobQuerySet:
+    """Failed jobs, newest first; only those of ``queue`` and ``name`` when given."""
+    failed = FailedJob.objects.get_queryset()
+    if queue is not None:
+        failed = failed.filter(queue=queue)
+    if name is not None:
+        failed = failed.filter(name=name)
+    return failed.order_by("-failed_at", "-id")
+
+
+def retry_failed_ids(ids: Sequence[int]) -> list[Job]:
+    """Retry the failed jobs with these ids, all or none, in one transaction.
+
+    Raise ``FailedJobsNotFound`` naming the ids that do not exist; then nothing is retried.
+    """
+    with transaction.atomic(using=alias()):
+        return _all_failed(ids).retry()
+
+
+def delete_failed_ids(ids: Sequence[int]) -> int:
+    """Delete the failed jobs with these ids, all or none; return how many.
+
+    Raise ``FailedJobsNotFound`` naming the ids that do not exist; then nothing is deleted.
+    """
+    with transaction.atomic(using=alias()):
+        deleted, _ = _all_failed(ids).delete()
+    return deleted
+
+
+def prune_failed(hours: float | None = None) -> int:
+    """Delete the failed jobs older than ``hours`` (all of them if None); return how many."""
+    failed = failed_older_than(hours) if hours is not None else FailedJob.objects.all()
+    deleted, _ = failed.delete()
+    return deleted
+
+
+def _all_failed(ids: Sequence[int]) -> FailedJobQuerySet:
+    """The failed jobs with these ids, locked until the transaction ends; raise if one is missing."""
+    failed = FailedJob.objects.get_queryset().filter(_pk_in(ids))
+    found = set(failed.select_for_update().values_list("pk", flat=True))
+    missing = [pk for pk in ids if pk not in found]
+    if missing:
+        which = f"id {missing[0]}" if len(missing) == 1 else f"ids {format_ids(missing)}"
+        raise FailedJobsNotFound(f"no failed job has the {which}", missing)
+    return failed
+
+
+@dataclasses.dataclass(frozen=True)
+class Clearable:
+    """The waiting and delayed jobs of a queue, counted before ``clear_queue`` deletes them."""
+
+    queue: str
+    count: int
+    # Highest id counted, so jobs enqueued after the count are not deleted.
+    last_id: int | None
+
+
+def clearable(queue: str) -> Clearable:
+    """Count the waiting and delayed (not reserved) jobs of ``queue``."""
+    found = Job.objects.filter(queue=queue, reserved_at__isnull=True).order_by().aggregate(
+        count=Count("id"), last_id=Max("id"))
+    return Clearable(queue, found["count"], found["last_id"])
+
+
+def clear_queue(counted: Clearable) -> int:
+    """Delete the jobs ``counted`` that are still waiting or delayed; return how many.
+
+    Reserved jobs stay, and so do jobs enqueued after the count.
+    """
+    if counted.last_id is None:
+        return 0
+    jobs = Job.objects.filter(queue=counted.queue, reserved_at__isnull=True, id__lte=counted.last_id)
+    # Locked: if a delete signal receiver makes Django select the rows before it
+    # deletes them by id, no worker can reserve one in between.
+    with transaction.atomic(using=alias()):
+        deleted, _ = jobs.select_for_update().delete()
+    return deleted
+
+
 _ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -106,6 +198,37 @@ def parse_ids(specs: list[str]) -> list[int]:
                 raise ValueError(f"{part.strip()!r} spans more than a million ids")
             ids.extend(range(start, end + 1))
     return list(dict.fromkeys(ids))
+
+
+def format_ids(ids: Iterable[int], *, most: int = 10) -> str:
+    """Write ids as ``parse_ids`` reads them, ranges joined: ``[3, 5, 6, 7]`` gives ``"3, 5-7"``.
+
+    Only the first ``most`` parts are written, then how many more there are.
+    """
+    parts = [str(start) if start == end else f"{start}-{end}" for start, end in _id_runs(ids)]
+    more = f" and {len(parts) - most} more" if len(parts) > most else ""
+    return ", ".join(parts[:most]) + more
+
+
+def _id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """Runs of consecutive ids, sorted: ``[7, 1, 2, 3]`` gives ``[(1, 3), (7, 7)]``."""
+    runs: list[tuple[int, int]] = []
+    for pk in sorted(set(ids)):
+        if runs and pk == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], pk)
+        else:
+            runs.append((pk, pk))
+    return runs
+
+
+def _pk_in(ids: Iterable[int]) -> Q:
+    """``pk IN (...)`` with each run of consecutive ids as one BETWEEN, so 1-100000 is two parameters."""
+    runs = _id_runs(ids)
+    condition = Q(pk__in=[start for start, end in runs if start == end])
+    for start, end in runs:
+        if start != end:
+            condition |= Q(pk__range=(start, end))
+    return condition
 
 
 def request_restart() -> datetime:

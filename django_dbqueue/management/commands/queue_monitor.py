@@ -1,0 +1,46 @@
+"""``manage.py queue_monitor``: the size of each queue; fails when one is over --max."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_dbqueue import operations
+from django_dbqueue.management import options, output
+
+
+class Command(BaseCommand):
+    help = (
+        "Show each queue's waiting, delayed, reserved and failed jobs and how long the oldest "
+        "waiting job has waited. With --max, exit non-zero when a queue holds more jobs."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--queue", type=options.queue_name, nargs="+", action="extend", default=None,
+                            help="Queues to show, in this order, even if empty (default: every queue "
+                                 "that has jobs or failed jobs).")
+        parser.add_argument("--max", type=options.whole_number(0), default=None, metavar="N",
+                            help="Fail when a queue has more than N waiting, delayed and reserved jobs "
+                                 "(default: no limit).")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        stats = operations.queue_overview_of(opts["queue"]) if opts["queue"] else operations.queue_overview()
+        if not stats:
+            self.stdout.write(self.style.SUCCESS("No jobs."))
+            return
+        headers = ["queue", "waiting", "delayed", "reserved", "failed", "oldest waiting"]
+        rows = [
+            [item.queue, str(item.waiting), str(item.delayed), str(item.reserved), str(item.failed),
+             output.age(item.oldest_waiting_seconds)]
+            for item in stats
+        ]
+        for line in output.table(headers, rows, shrink=(0,), right=(1, 2, 3, 4)):
+            self.stdout.write(line)
+        if opts["max"] is None:
+            return
+        over = operations.queues_over(stats, opts["max"])
+        if over:
+            names = ", ".join(f"{item.queue} ({item.size})" for item in over)
+            raise CommandError(f"Over {output.plural(opts['max'], 'job')} (waiting, delayed and reserved): {names}")
+        self.stdout.write(self.style.SUCCESS(f"Every queue holds at most {output.plural(opts['max'], 'job')}."))

@@ -1,0 +1,105 @@
+"""Terminal output shared by the queue_* commands: tables that fit 80 columns, short ages."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+# One column short of 80, so a terminal never wraps a full line.
+WIDTH = 79
+# Columns between two cells.
+GAP = "  "
+# A shortened cell keeps at least this many characters.
+MIN_CELL = 8
+ELLIPSIS = "..."
+
+
+def shorten(text: str, width: int) -> str:
+    """Cut ``text`` to ``width`` characters, marked with ``...``.
+
+    A dotted name (``myapp.jobs.send_mail``, ``builtins.ValueError``) keeps its end,
+    the function or class, dropping whole leading parts where it can; other text
+    keeps its start.
+    """
+    if len(text) <= width:
+        return text
+    room = width - len(ELLIPSIS)
+    if room <= 0:
+        return text[:width]
+    if "." not in text:
+        return text[:room] + ELLIPSIS
+    for index, char in enumerate(text):
+        if char == "." and len(text) - index - 1 <= room:
+            return ELLIPSIS + text[index + 1:]
+    return ELLIPSIS + text[len(text) - room:]
+
+
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    shrink: Collection[int] = (),
+    right: Collection[int] = (),
+    width: int = WIDTH,
+) -> list[str]:
+    """Lay out ``rows`` under ``headers`` as lines no longer than ``width``.
+
+    The widest of the ``shrink`` columns loses a character until the table fits
+    (or every such column is down to ``MIN_CELL``); ``right`` columns are
+    right-aligned, for numbers.
+    """
+    natural = _widths(headers, rows)
+    widths = list(natural)
+    floor = {index: max(MIN_CELL, len(headers[index])) for index in shrink}
+    while _total(widths) > width:
+        candidates = [index for index in shrink if widths[index] > floor[index]]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda index: widths[index])
+        widths[widest] -= 1
+    cells = _shortened(rows, widths)
+    # A dotted name is cut at a dot and often leaves room: give it back to the cut columns.
+    for _ in range(2):
+        used = _widths(headers, cells)
+        cut = [index for index in shrink if used[index] < natural[index]]
+        slack = width - _total(used)
+        if slack <= 0 or not cut:
+            break
+        widths = [used[index] + (slack // len(cut) if index in cut else 0) for index in range(len(used))]
+        cells = _shortened(rows, widths)
+    widths = _widths(headers, cells)
+
+    def line(row: Sequence[str]) -> str:
+        padded = [
+            cell.rjust(widths[index]) if index in right else cell.ljust(widths[index])
+            for index, cell in enumerate(row)
+        ]
+        return GAP.join(padded).rstrip()
+
+    return [line(headers), *(line(row) for row in cells)]
+
+
+def _widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    return [max([len(header), *(len(row[index]) for row in rows)]) for index, header in enumerate(headers)]
+
+
+def _total(widths: Sequence[int]) -> int:
+    return sum(widths) + len(GAP) * (len(widths) - 1)
+
+
+def _shortened(rows: Sequence[Sequence[str]], widths: Sequence[int]) -> list[list[str]]:
+    return [[shorten(cell, widths[index]) for index, cell in enumerate(row)] for row in rows]
+
+
+def age(seconds: float | None) -> str:
+    """A duration in its largest whole unit: ``3s``, ``4m``, ``2h``, ``5d``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(max(seconds, 0))}s"
+
+
+def plural(count: int, word: str) -> str:
+    """``1 job``, ``3 jobs``."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
