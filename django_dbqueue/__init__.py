@@ -1,15 +1,38 @@
 """A job queue for Django that lives in the project's own database."""
 
+from typing import Any
+
 from .exceptions import JobNotRegistered, JobTimeout, PayloadError
 from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
 
+# Names whose modules import the models: loaded on first use, so importing
+# ``django_dbqueue`` (for ``@job``) works before the app registry is ready.
+_LAZY = {
+    "Chain": "chains",
+    "chain": "chains",
+    "get_progress": "progress",
+    "set_progress": "progress",
+}
+
 __all__ = [
+    "Chain",
     "JobCall",
     "JobContext",
     "JobDefinition",
     "JobNotRegistered",
     "JobTimeout",
     "PayloadError",
+    "chain",
     "enqueue_many",
+    "get_progress",
     "job",
+    "set_progress",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'django_dbqueue' has no attribute {name!r}")

@@ -17,8 +17,10 @@ from typing import Any, Literal
 from asgiref.sync import async_to_sync
 
 from . import payload, registry
+from .chains import chain_of
 from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, WorkerStopped
 from .models import Job
+from .progress import Tracker
 from .registry import Backoff, JobContext, JobDefinition
 
 Status = Literal["succeeded", "released", "failed"]
@@ -42,6 +44,7 @@ class Outcome:
     exception: BaseException | None = None
     error: str = ""
     delay: float = 0
+    tracker: Tracker | None = None
 
     @property
     def exception_class(self) -> str:
@@ -111,18 +114,23 @@ def check_signature(definition: JobDefinition[..., Any], args: tuple[Any, ...], 
 def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
     """Run ``job`` and return what should happen to it. Never raises for the job's fault."""
     started = time.monotonic()
+    tracker = None
     try:
         definition, envelope, args, kwargs = prepare(job)
+        chain = chain_of(envelope)
+        tracker = Tracker(job.pk, chain)
         tries = job.tries_allowed(defaults.tries)
         if definition.takes_context:
             context = JobContext(
                 job_id=job.pk, name=job.name, queue=job.queue, attempt=job.attempts,
-                tries=tries, worker_id=worker_id,
+                tries=tries, worker_id=worker_id, tracker=tracker,
+                chain_id=chain["id"] if chain else None,
+                step=int(chain["step"]) if chain else 1, steps=int(chain["total"]) if chain else 1,
             )
             args = (context, *args)
         check_signature(definition, args, kwargs)
     except PERMANENT_ERRORS as exc:
-        return _failed(exc, started, f"{job.name} (job {job.pk}) cannot run: {exc}")
+        return _failed(exc, started, f"{job.name} (job {job.pk}) cannot run: {exc}", tracker)
 
     timeout = job.timeout or defaults.timeout
     try:
@@ -135,21 +143,22 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
                 result = definition.func(*args, **kwargs)
     except WorkerStopped as exc:
         # Forced shutdown: give the job back at once; it runs again elsewhere.
-        return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc))
+        return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc),
+                       tracker=tracker)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
         duration = time.monotonic() - started
         if isinstance(exc, PERMANENT_ERRORS) or job.attempts >= tries:
-            return _failed(exc, started, _traceback(exc))
+            return _failed(exc, started, _traceback(exc), tracker)
         backoff = envelope.get("backoff")
         if backoff is None or not registry.valid_backoff(backoff):
             backoff = defaults.backoff
         delay = registry.backoff_seconds(backoff, job.attempts)
-        return Outcome("released", duration, exception=exc, error=_traceback(exc), delay=delay)
-    return Outcome("succeeded", time.monotonic() - started, result=result)
+        return Outcome("released", duration, exception=exc, error=_traceback(exc), delay=delay, tracker=tracker)
+    return Outcome("succeeded", time.monotonic() - started, result=result, tracker=tracker)
 
 
-def _failed(exc: BaseException, started: float, error: str) -> Outcome:
-    return Outcome("failed", time.monotonic() - started, exception=exc, error=error)
+def _failed(exc: BaseException, started: float, error: str, tracker: Tracker | None) -> Outcome:
+    return Outcome("failed", time.monotonic() - started, exception=exc, error=error, tracker=tracker)
 
 
 def _traceback(exc: BaseException) -> str:

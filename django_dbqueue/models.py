@@ -150,9 +150,20 @@ class JobManager(models.Manager["Job"]):
 
     # -- finish a reservation ----------------------------------------------
 
-    def delete_reserved(self, job: Job) -> bool:
-        """Delete a job that succeeded, if its reservation is still ``job``'s."""
-        deleted, _ = self.get_queryset().held(job).delete()
+    def delete_reserved(self, job: Job, *, follow_ups: Sequence[Job] = ()) -> bool:
+        """Delete a job that succeeded, if its reservation is still ``job``'s.
+
+        ``follow_ups`` (a chain's next step, callbacks) are inserted in the same
+        transaction, so they exist if and only if the job is gone.
+        """
+        queryset = self.get_queryset().held(job)
+        if not follow_ups:
+            deleted, _ = queryset.delete()
+            return bool(deleted)
+        with transaction.atomic(using=queryset.db):
+            deleted, _ = queryset.delete()
+            if deleted:
+                self.bulk_enqueue(follow_ups)
         return bool(deleted)
 
     def release(self, job: Job, *, delay: float = 0) -> bool:
@@ -170,8 +181,12 @@ class JobManager(models.Manager["Job"]):
         error: str,
         exception_class: str,
         reserved_at: datetime | None = None,
+        follow_ups: Sequence[Job] = (),
     ) -> FailedJob | None:
-        """Move a job to ``FailedJob`` in one transaction; None if it is no longer ours."""
+        """Move a job to ``FailedJob`` in one transaction; None if it is no longer ours.
+
+        ``follow_ups`` (a failure callback) are inserted in the same transaction.
+        """
         queryset = self.get_queryset().held(job)
         if reserved_at is not None:
             queryset = queryset.filter(reserved_at=reserved_at)
@@ -179,6 +194,8 @@ class JobManager(models.Manager["Job"]):
             deleted, _ = queryset.delete()
             if not deleted:
                 return None
+            if follow_ups:
+                self.bulk_enqueue(follow_ups)
             return FailedJob.objects.using(queryset.db).create(
                 job_id=job.pk,
                 queue=job.queue,
@@ -227,6 +244,7 @@ class JobManager(models.Manager["Job"]):
                     error=error,
                     exception_class="django_dbqueue.exceptions.MaxAttemptsExceeded",
                     reserved_at=job.reserved_at,
+                    follow_ups=_failure_follow_ups(job),
                 ) is not None
                 outcome = "failed"
             else:
@@ -268,6 +286,7 @@ class JobManager(models.Manager["Job"]):
                     error=error_for(elapsed),
                     exception_class="django_dbqueue.exceptions.WorkerLost",
                     reserved_at=job.reserved_at,
+                    follow_ups=_failure_follow_ups(job),
                 ) is not None
             else:
                 done = self.release(job)
@@ -279,6 +298,12 @@ class JobManager(models.Manager["Job"]):
     def bulk_enqueue(self, jobs: Iterable[Job], *, batch_size: int = 1000) -> list[Job]:
         """Insert many jobs, one statement per ``batch_size`` rows."""
         return self.get_queryset().bulk_create(list(jobs), batch_size=batch_size)
+
+
+def _failure_follow_ups(job: Job) -> list[Job]:
+    from .chains import follow_ups
+
+    return follow_ups(job, succeeded=False)
 
 
 def _after(delay: float) -> Any:

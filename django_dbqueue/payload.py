@@ -147,15 +147,31 @@ def _resolve(value: Any) -> Any:
     return value
 
 
-def encode(args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any) -> str:
-    """Return the JSON envelope for a call; raise TypeError naming a bad argument."""
-    envelope: dict[str, Any] = {
-        "v": VERSION,
+def encode_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Return ``{"args": [...], "kwargs": {...}}`` as JSON data; raise TypeError naming a bad argument."""
+    return {
         "args": [encode_value(arg, f"argument {i} (args[{i}])") for i, arg in enumerate(args)],
         "kwargs": {key: encode_value(arg, f"argument {key!r}") for key, arg in kwargs.items()},
     }
-    envelope.update({key: value for key, value in options.items() if value is not None})
+
+
+def dumps(envelope: dict[str, Any]) -> str:
     return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode(args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any) -> str:
+    """Return the JSON envelope for a call; raise TypeError naming a bad argument."""
+    envelope: dict[str, Any] = {"v": VERSION, **encode_arguments(args, kwargs)}
+    envelope.update({key: value for key, value in options.items() if value is not None})
+    return dumps(envelope)
+
+
+def raw(payload: str) -> dict[str, Any]:
+    """Return a stored envelope as plain JSON data, tags kept, for building follow-up jobs."""
+    data = json.loads(payload)
+    if not isinstance(data, dict):
+        raise PayloadError("the payload is not a job envelope")
+    return data
 
 
 def decode(payload: str) -> dict[str, Any]:

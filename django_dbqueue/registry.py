@@ -15,6 +15,7 @@ from .exceptions import JobNotRegistered
 
 if TYPE_CHECKING:
     from .models import Job
+    from .progress import Tracker
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -36,10 +37,25 @@ class JobContext:
     attempt: int
     tries: int
     worker_id: str = ""
+    # For a chain step: the chain's id, this step's number (from 1) and the step count.
+    chain_id: str | None = None
+    step: int = 1
+    steps: int = 1
+    tracker: Tracker | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.tries
+
+    @property
+    def progress_key(self) -> str:
+        """Where progress is stored: ``chain:<id>`` for a chain step, else the job's id."""
+        return f"chain:{self.chain_id}" if self.chain_id else str(self.job_id)
+
+    def progress(self, percent: float, stage: str = "") -> None:
+        """Report progress (0-100, clamped) and a short stage; never raises, never rolled back."""
+        if self.tracker is not None:
+            self.tracker.report(percent, stage)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +118,7 @@ class JobDefinition(Generic[P, R]):
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a call of this job; it runs once the surrounding transaction commits."""
-        job = self.bind(*args, **kwargs).to_row()
-        job.save(force_insert=True, using=job._state.db)
-        _load_database_times([job])
-        signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
-        logger.debug("enqueued job=%s id=%s queue=%s", job.name, job.pk, job.queue)
-        return job
+        return self.bind(*args, **kwargs).enqueue()
 
     @property
     def effective_queue(self) -> str:
@@ -116,39 +127,60 @@ class JobDefinition(Generic[P, R]):
 
 @dataclasses.dataclass(frozen=True)
 class JobCall:
-    """A job definition with the arguments of one call."""
+    """A job definition with the arguments of one call, and what follows it."""
 
     definition: JobDefinition[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    callbacks: tuple[JobCall, ...] = ()
+    failure_callback: JobCall | None = None
+
+    def then(self, *calls: JobCall) -> JobCall:
+        """Return this call with jobs to enqueue once it succeeds."""
+        return dataclasses.replace(self, callbacks=(*self.callbacks, *calls))
+
+    def on_failure(self, call: JobCall) -> JobCall:
+        """Return this call with a job to enqueue if it fails for good."""
+        return dataclasses.replace(self, failure_callback=call)
+
+    def to_step(self) -> dict[str, Any]:
+        """Return this call as JSON data: name, options and encoded arguments."""
+        definition = self.definition
+        try:
+            args = payload.encode_arguments(self.args, self.kwargs)
+        except TypeError as exc:
+            raise TypeError(f"Cannot enqueue {definition.name}: {exc}") from None
+        step: dict[str, Any] = {
+            "name": definition.name,
+            "queue": definition.effective_queue,
+            "priority": definition.priority,
+            "tries": definition.tries,
+            "retry_after": definition.retry_after or int(conf.get("RETRY_AFTER")),
+            "timeout": definition.timeout,
+            "delay": definition.delay,
+            "backoff": _backoff_json(definition.backoff),
+            **args,
+        }
+        return step
 
     def to_row(self) -> Job:
         """Return an unsaved ``Job`` row for this call; raise TypeError for a bad argument."""
-        from .db import DbNow, alias
-        from .models import Job
+        from .chains import build_row
 
-        definition = self.definition
-        try:
-            body = payload.encode(self.args, self.kwargs, backoff=_backoff_json(definition.backoff))
-        except TypeError as exc:
-            raise TypeError(f"Cannot enqueue {definition.name}: {exc}") from None
-        now = DbNow()
-        job = Job(
-            queue=definition.effective_queue,
-            name=definition.name,
-            payload=body,
-            priority=definition.priority,
-            max_tries=definition.tries,
-            retry_after=definition.retry_after or int(conf.get("RETRY_AFTER")),
-            timeout=definition.timeout,
-            available_at=now + timedelta(seconds=definition.delay) if definition.delay > 0 else now,
-            created_at=now,
+        return build_row(
+            self.to_step(),
+            then=[call.to_step() for call in self.callbacks],
+            on_failure=self.failure_callback.to_step() if self.failure_callback else None,
         )
-        job._state.db = alias()
-        return job
 
     def enqueue(self) -> Job:
-        return self.definition.enqueue(*self.args, **self.kwargs)
+        """Store this call (and what follows it); see ``JobDefinition.enqueue``."""
+        job = self.to_row()
+        job.save(force_insert=True, using=job._state.db)
+        _load_database_times([job])
+        signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
+        logger.debug("enqueued job=%s id=%s queue=%s", job.name, job.pk, job.queue)
+        return job
 
 
 def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[Job]:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import signals
+from . import chains, progress, signals
 from .db import drop_connection, is_connection_error
 from .exceptions import WorkerStopped
 from .execution import Defaults, Outcome, execute
@@ -187,7 +187,8 @@ class Worker:
         _send(signals.job_started, job=job, worker_id=self.worker_id)
         self.in_job = True
         try:
-            outcome = execute(job, worker_id=self.worker_id, defaults=self.options.defaults)
+            with progress.keep_writer():
+                outcome = execute(job, worker_id=self.worker_id, defaults=self.options.defaults)
         except WorkerStopped as exc:
             # The second signal came just outside the job's own code.
             outcome = Outcome("released", 0, exception=exc, error=str(exc))
@@ -209,17 +210,27 @@ class Worker:
     def _record(self, job: Job, outcome: Outcome) -> bool | None:
         """Store the outcome, retrying while the database is away; None if it never could."""
         failed_job = None
+        follow_ups = [] if outcome.status == "released" else chains.follow_ups(
+            job, succeeded=outcome.status == "succeeded")
 
         def store() -> bool:
             nonlocal failed_job
             if outcome.status == "succeeded":
-                return Job.objects.delete_reserved(job)
+                return Job.objects.delete_reserved(job, follow_ups=follow_ups)
             if outcome.status == "released":
                 return Job.objects.release(job, delay=outcome.delay)
-            failed_job = Job.objects.fail(job, error=outcome.error, exception_class=outcome.exception_class)
+            failed_job = Job.objects.fail(job, error=outcome.error, exception_class=outcome.exception_class,
+                                          follow_ups=follow_ups)
             return failed_job is not None
 
         stored = self._retry_database(store, "record")
+        if stored and outcome.tracker is not None:
+            with progress.keep_writer():
+                outcome.tracker.flush()
+                if outcome.status == "succeeded":
+                    outcome.tracker.succeeded()
+                elif outcome.status == "failed":
+                    outcome.tracker.failed(outcome.error)
         if stored:
             if outcome.status == "succeeded":
                 _send(signals.job_succeeded, job=job, worker_id=self.worker_id,

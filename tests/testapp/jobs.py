@@ -104,3 +104,41 @@ def crash_target(context: JobContext, key: str) -> None:
     if context.attempt == 1:
         time.sleep(1.8)
     Run.objects.create(key=key, pid=os.getpid())
+
+
+@job
+def step(chain_key: str, n: int) -> None:
+    Run.objects.create(key=f"{chain_key}-{n}", pid=os.getpid())
+
+
+@job(tries=1)
+def failing_step(chain_key: str, n: int) -> None:
+    """Fails until a ``<chain_key>-allow`` run exists."""
+    if not Run.objects.filter(key=f"{chain_key}-allow").exists():
+        raise RuntimeError(f"step {n} of {chain_key} broke")
+    Run.objects.create(key=f"{chain_key}-{n}")
+
+
+@job(takes_context=True)
+def progress_step(context: JobContext, key: str, seconds: float = 0) -> None:
+    context.progress(50, "halfway")
+    time.sleep(seconds)
+    Run.objects.create(key=key)
+
+
+@job(takes_context=True, tries=1)
+def progress_then_fail(context: JobContext, key: str) -> None:
+    from django.db import transaction
+
+    with transaction.atomic():
+        Run.objects.create(key=key)
+        context.progress(30, "working")
+        raise ValueError(f"{key} gave up at 30%")
+
+
+@job(takes_context=True, tries=3, retry_after=3, timeout=2)
+def slow_step(context: JobContext, chain_key: str, n: int, seconds: float) -> None:
+    Attempt.objects.create(key=f"{chain_key}-{n}", attempt=context.attempt)
+    if context.attempt == 1:
+        time.sleep(seconds)
+    Run.objects.create(key=f"{chain_key}-{n}", pid=os.getpid())

@@ -1,0 +1,142 @@
+"""Chains and callbacks: jobs that follow a job, enqueued in the transaction that ends it.
+
+A job row's envelope may carry, beside its arguments:
+
+- ``next``: the remaining steps of its chain, run one after another;
+- ``then``: jobs to enqueue once the last step succeeds;
+- ``on_failure``: a job to enqueue if a step fails for good;
+- ``chain``: ``{"id", "step", "total"}``, for progress.
+
+Each step is JSON data (name, options, encoded arguments), so a ``FailedJob``
+row shows the steps that did not run, and retrying it resumes the chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from . import conf, payload
+from .db import DbNow, alias
+from .exceptions import PayloadError
+from .models import Job
+from .registry import JobCall, JobDefinition, _load_database_times
+from .signals import job_enqueued
+
+logger = logging.getLogger("django_dbqueue")
+
+
+def build_row(
+    step: dict[str, Any],
+    *,
+    next_steps: Sequence[dict[str, Any]] = (),
+    then: Sequence[dict[str, Any]] = (),
+    on_failure: dict[str, Any] | None = None,
+    chain: dict[str, Any] | None = None,
+) -> Job:
+    """Return an unsaved ``Job`` row that runs ``step``, carrying what follows it."""
+    envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
+    for key, value in (("backoff", step.get("backoff")), ("next", list(next_steps)), ("then", list(then)),
+                       ("on_failure", on_failure), ("chain", chain)):
+        if value:
+            envelope[key] = value
+    now = DbNow()
+    delay = float(step.get("delay") or 0)
+    job = Job(
+        queue=step["queue"],
+        name=step["name"],
+        payload=payload.dumps(envelope),
+        priority=int(step.get("priority") or 0),
+        max_tries=step.get("tries"),
+        retry_after=int(step.get("retry_after") or conf.get("RETRY_AFTER")),
+        timeout=step.get("timeout"),
+        available_at=now + timedelta(seconds=delay) if delay > 0 else now,
+        created_at=now,
+    )
+    job._state.db = alias()
+    return job
+
+
+def _as_call(item: JobCall | JobDefinition[..., Any]) -> JobCall:
+    if isinstance(item, JobDefinition):
+        return item.bind()
+    if isinstance(item, JobCall):
+        return item
+    raise TypeError(f"a chain step must be a job call such as my_job.bind(...), not {item!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+    """Steps that run one after another; build it with ``chain(...)``."""
+
+    steps: tuple[JobCall, ...]
+    callbacks: tuple[JobCall, ...] = ()
+    failure_callback: JobCall | None = None
+    id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def progress_key(self) -> str:
+        """The key under which the chain's progress is stored: ``chain:<id>``."""
+        return f"chain:{self.id}"
+
+    def then(self, *calls: JobCall) -> Chain:
+        """Return this chain with jobs to enqueue once its last step succeeds."""
+        return dataclasses.replace(self, callbacks=(*self.callbacks, *map(_as_call, calls)))
+
+    def on_failure(self, call: JobCall) -> Chain:
+        """Return this chain with a job to enqueue if a step fails for good."""
+        return dataclasses.replace(self, failure_callback=_as_call(call))
+
+    def enqueue(self) -> Job:
+        """Store the first step; each next one is enqueued when the one before succeeds."""
+        steps = [call.to_step() for call in self.steps]
+        job = build_row(
+            steps[0],
+            next_steps=steps[1:],
+            then=[call.to_step() for call in self.callbacks],
+            on_failure=self.failure_callback.to_step() if self.failure_callback else None,
+            chain={"id": self.id, "step": 1, "total": len(steps)},
+        )
+        job.save(force_insert=True, using=job._state.db)
+        _load_database_times([job])
+        job_enqueued.send_robust(sender=Chain, job=job)
+        return job
+
+
+def chain(*calls: JobCall | JobDefinition[..., Any]) -> Chain:
+    """Return a chain of job calls, e.g. ``chain(resize.bind(pk), publish.bind(pk)).enqueue()``."""
+    if not calls:
+        raise TypeError("chain() needs at least one step")
+    return Chain(tuple(_as_call(call) for call in calls))
+
+
+def chain_of(envelope: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``{"id", "step", "total"}`` of a job that is a chain step, else None."""
+    info = envelope.get("chain")
+    if isinstance(info, dict) and {"id", "step", "total"} <= set(info):
+        return info
+    return None
+
+
+def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
+    """The rows to insert with ``job``'s outcome: its next step or callbacks, or its failure callback."""
+    try:
+        data = payload.raw(job.payload)
+        if not succeeded:
+            on_failure = data.get("on_failure")
+            return [build_row(on_failure)] if on_failure else []
+        next_steps = data.get("next") or []
+        if next_steps:
+            info = chain_of(data)
+            step_info = {**info, "step": int(info["step"]) + 1} if info else None
+            return [build_row(next_steps[0], next_steps=next_steps[1:], then=data.get("then") or [],
+                              on_failure=data.get("on_failure"), chain=step_info)]
+        return [build_row(step) for step in data.get("then") or []]
+    except (ValueError, KeyError, TypeError, PayloadError) as exc:
+        # The job itself ran; a malformed follow-up must not undo that.
+        logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)
+        return []

@@ -1,0 +1,173 @@
+"""Progress of jobs and chains, readable from any process.
+
+Writes go through a connection of their own, so a progress write is never
+rolled back with the job's transaction, and never fails the job: errors are
+logged and dropped. Rows are upserts on ``key``; the last writer wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.models.constants import OnConflict
+from django.db.models.sql import InsertQuery
+
+from .db import DbNow, alias
+from .models import JobProgress
+
+logger = logging.getLogger("django_dbqueue")
+
+
+_local = threading.local()
+_UPDATE_FIELDS = ("percent", "stage", "finished", "failed", "error", "updated_at")
+
+
+def _writer() -> Any:
+    """This thread's own connection to the queue's database, outside Django's registry.
+
+    Being outside ``connections``, it is in no transaction of the job's.
+    """
+    wrapper = getattr(_local, "wrapper", None)
+    if wrapper is None:
+        wrapper = connections.create_connection(alias())
+        _local.wrapper = wrapper
+    return wrapper
+
+
+def close_writer() -> None:
+    wrapper = getattr(_local, "wrapper", None)
+    _local.wrapper = None
+    if wrapper is not None:
+        try:
+            wrapper.close()
+        except DatabaseError:
+            pass
+
+
+@contextmanager
+def keep_writer() -> Iterator[None]:
+    """Keep the progress connection open for the writes of one job run, then close it."""
+    _local.keep = True
+    try:
+        yield
+    finally:
+        _local.keep = False
+        close_writer()
+
+
+def clamp(percent: float) -> float:
+    return max(0.0, min(100.0, float(percent)))
+
+
+def set_progress(key: str, percent: float, stage: str = "", *, finished: bool = False, failed: bool = False,
+                 error: str = "") -> bool:
+    """Store the progress of ``key``; return False (and log) if it could not be stored."""
+    row = JobProgress(key=key, percent=clamp(percent), stage=stage[:200], finished=finished, failed=failed,
+                      error=error, updated_at=DbNow())
+    try:
+        wrapper = _writer()
+        meta = JobProgress._meta
+        with_target = wrapper.features.supports_update_conflicts_with_target
+        query = InsertQuery(
+            JobProgress,
+            on_conflict=OnConflict.UPDATE,
+            update_fields=[meta.get_field(name) for name in _UPDATE_FIELDS],
+            # MySQL's ON DUPLICATE KEY UPDATE names no target; the unique key is implied.
+            unique_fields=[meta.get_field("key")] if with_target else [],
+        )
+        query.insert_values([f for f in meta.concrete_fields if not f.primary_key], [row])
+        query.get_compiler(connection=wrapper).execute_sql()
+    except DatabaseError as exc:
+        logger.warning("progress not stored key=%s: %s", key, exc)
+        close_writer()
+        return False
+    finally:
+        if not getattr(_local, "keep", False):
+            close_writer()
+    return True
+
+
+def get_progress(key: str) -> dict[str, Any] | None:
+    """Return the progress stored under ``key`` as a dict, or None."""
+    row = JobProgress.objects.filter(key=key).first()
+    if row is None:
+        return None
+    return {
+        "key": row.key,
+        "percent": row.percent,
+        "stage": row.stage,
+        "finished": row.finished,
+        "failed": row.failed,
+        "error": row.error,
+        "updated_at": row.updated_at.isoformat(),
+    }
+
+
+def prune(hours: float) -> int:
+    """Delete progress rows not updated for ``hours``; return how many."""
+    deleted, _ = JobProgress.objects.filter(updated_at__lt=DbNow() - timedelta(hours=hours)).delete()
+    return deleted
+
+
+class Tracker:
+    """Progress for one run of a job: the job's own key, or its chain's."""
+
+    def __init__(self, job_id: int, chain: dict[str, Any] | None) -> None:
+        self.chain = chain
+        self.key = f"chain:{chain['id']}" if chain else str(job_id)
+        self.reported = False
+        self.pending: tuple[float, str] | None = None
+
+    def overall(self, percent: float) -> float:
+        """A step's percent as a percent of the whole chain."""
+        if not self.chain:
+            return clamp(percent)
+        step, total = int(self.chain["step"]), max(int(self.chain["total"]), 1)
+        return clamp(((step - 1) + clamp(percent) / 100) / total * 100)
+
+    def report(self, percent: float, stage: str = "") -> None:
+        self.reported = True
+        queue_connection = connections[alias()]
+        if queue_connection.vendor == "sqlite" and queue_connection.in_atomic_block:
+            # SQLite has one writer, and the job's transaction holds it: a second
+            # connection would wait for it. Write when the job's transaction is over.
+            self.pending = (self.overall(percent), stage)
+            return
+        set_progress(self.key, self.overall(percent), stage)
+
+    def flush(self) -> None:
+        """Write progress held back while the job was in a transaction (SQLite)."""
+        if self.pending is not None:
+            percent, stage = self.pending
+            self.pending = None
+            set_progress(self.key, percent, stage)
+
+    def succeeded(self) -> None:
+        """Mark the end of a step: finished if it was the last, else the step done."""
+        self.pending = None
+        if self.chain:
+            step, total = int(self.chain["step"]), int(self.chain["total"])
+            last = step >= total
+            set_progress(self.key, self.overall(100), "finished" if last else f"step {step} of {total} done",
+                         finished=last)
+        elif self.reported:
+            set_progress(self.key, 100, "finished", finished=True)
+
+    def failed(self, error: str) -> None:
+        self.flush()
+        if self.chain or self.reported:
+            current = get_progress(self.key)
+            at = current["percent"] if current else 0
+            set_progress(self.key, at, "failed", failed=True, error=_first_line(error))
+
+
+def _first_line(error: str) -> str:
+    """The line that names the exception: the last non-empty line of a traceback."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else ""
