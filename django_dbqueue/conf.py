@@ -29,6 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "SLEEP": 1.0,
     # Import each installed app's ``jobs`` module when Django starts.
     "AUTODISCOVER": True,
+    # Hours after which idle workers delete progress rows; None keeps them
+    # (prune with ``queue_prune_progress``).
+    "PROGRESS_MAX_AGE": None,
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import chains, progress, signals
+from . import chains, conf, progress, signals
 from .db import drop_connection, is_connection_error
 from .exceptions import WorkerStopped
 from .execution import Defaults, Outcome, execute
@@ -37,6 +37,8 @@ DB_RETRY_DELAYS = (0.5, 1, 2, 4, 8, 15, 30)
 MAX_RECORD_ERRORS = 5
 # Seconds between two looks at the restart marker (queue_restart).
 RESTART_CHECK_INTERVAL = 2.0
+# Seconds between two prunes of old progress rows by an idle worker.
+PRUNE_INTERVAL = 600.0
 
 
 class StopReason(enum.Enum):
@@ -93,6 +95,7 @@ class Worker:
         self._reserve_errors = 0
         self._restart_seen: datetime | None = None
         self._restart_checked = 0.0
+        self._pruned = -PRUNE_INTERVAL
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
 
@@ -127,6 +130,7 @@ class Worker:
                     return StopReason.ONCE
                 if options.stop_when_empty:
                     return StopReason.EMPTY
+                self._prune_progress()
                 self.wait(options.sleep)
                 continue
             self.process(job)
@@ -157,6 +161,20 @@ class Worker:
                 logger.info("restart requested worker_id=%s at=%s", self.worker_id, marker.isoformat())
                 return StopReason.RESTART
         return None
+
+    def _prune_progress(self) -> None:
+        """Delete old progress rows now and then, when idle, if DBQUEUE["PROGRESS_MAX_AGE"] says so."""
+        max_age = conf.get("PROGRESS_MAX_AGE")
+        if max_age is None or time.monotonic() - self._pruned < PRUNE_INTERVAL:
+            return
+        self._pruned = time.monotonic()
+        try:
+            count = progress.prune(float(max_age))
+        except DatabaseError as exc:
+            logger.warning("progress prune failed: %s", exc)
+            return
+        if count:
+            logger.info("pruned progress rows=%s older_than_hours=%s", count, max_age)
 
     def _read_restart_marker(self) -> datetime | None:
         try:

@@ -27,8 +27,9 @@ def vendor() -> str:
 def run_worker(queues: list[str] | None = None, **overrides: Any) -> tuple[Worker, StopReason]:
     """Run a worker in this process until the queue is empty."""
     defaults = overrides.pop("defaults", Defaults(tries=3, timeout=30, backoff=0, timeout_grace=2))
-    options = WorkerOptions(queues=queues or ["default"], defaults=defaults, sleep=0,
-                            stop_when_empty=True, **overrides)
+    overrides.setdefault("stop_when_empty", True)
+    overrides.setdefault("sleep", 0)
+    options = WorkerOptions(queues=queues or ["default"], defaults=defaults, **overrides)
     worker = Worker(options)
     reason = worker.run()
     return worker, reason

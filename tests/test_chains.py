@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import signal
 
@@ -128,7 +129,7 @@ def test_queue_prune_progress_deletes_old_rows(capsys):
 
     set_progress("old", 10)
     set_progress("new", 10)
-    JobProgress.objects.filter(key="old").update(updated_at=F("updated_at") - __import__("datetime").timedelta(hours=5))
+    JobProgress.objects.filter(key="old").update(updated_at=F("updated_at") - dt.timedelta(hours=5))
     call_command("queue_prune_progress", "--hours", "2")
     assert list(JobProgress.objects.values_list("key", flat=True)) == ["new"]
     assert "Deleted 1 progress row" in capsys.readouterr().out
@@ -159,3 +160,18 @@ def test_a_worker_killed_between_steps_loses_nothing_and_runs_no_step_twice(work
     assert run_keys() == ["k-1", "k-2", "k-3"]
     assert list(Attempt.objects.order_by("attempt").values_list("attempt", flat=True)) == [1, 2]
     assert not Job.objects.exists() and not FailedJob.objects.exists()
+
+
+def test_an_idle_worker_prunes_old_progress_when_configured(settings):
+    import datetime as dt
+
+    from django.db.models import F
+
+    from django_dbqueue.progress import set_progress
+
+    set_progress("stale", 10)
+    set_progress("fresh", 10)
+    JobProgress.objects.filter(key="stale").update(updated_at=F("updated_at") - dt.timedelta(hours=3))
+    settings.DBQUEUE = {**settings.DBQUEUE, "PROGRESS_MAX_AGE": 2}
+    run_worker(max_time=0.3, stop_when_empty=False, sleep=0.05)  # idle: no jobs
+    assert list(JobProgress.objects.values_list("key", flat=True)) == ["fresh"]
