@@ -53,6 +53,16 @@ class JobQuerySet(models.QuerySet["Job"]):
         """The row of ``job`` if nobody reserved it since ``job`` was read."""
         return self.filter(pk=job.pk, attempts=job.attempts)
 
+    def delete_now(self) -> int:
+        """Delete the matching rows in one DELETE statement; return how many.
+
+        ``QuerySet.delete()`` first SELECTs the rows and deletes them by id
+        when any delete signal receiver is connected, which would drop the
+        ``attempts`` condition of a compare-and-set. Job rows have no
+        relations and send no delete signals.
+        """
+        return int(self._raw_delete(self.db))
+
 
 class JobManager(models.Manager["Job"]):
     def get_queryset(self) -> JobQuerySet:
@@ -158,10 +168,9 @@ class JobManager(models.Manager["Job"]):
         """
         queryset = self.get_queryset().held(job)
         if not follow_ups:
-            deleted, _ = queryset.delete()
-            return bool(deleted)
+            return bool(queryset.delete_now())
         with transaction.atomic(using=queryset.db):
-            deleted, _ = queryset.delete()
+            deleted = queryset.delete_now()
             if deleted:
                 self.bulk_enqueue(follow_ups)
         return bool(deleted)
@@ -191,8 +200,7 @@ class JobManager(models.Manager["Job"]):
         if reserved_at is not None:
             queryset = queryset.filter(reserved_at=reserved_at)
         with transaction.atomic(using=queryset.db):
-            deleted, _ = queryset.delete()
-            if not deleted:
+            if not queryset.delete_now():
                 return None
             if follow_ups:
                 self.bulk_enqueue(follow_ups)

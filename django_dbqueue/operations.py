@@ -233,7 +233,7 @@ def _pk_in(ids: Iterable[int]) -> Q:
 
 def request_restart() -> datetime:
     """Ask every worker, on every host, to finish its current job and exit."""
-    with transaction.atomic(using=QueueControl.objects.db):
+    with transaction.atomic(using=alias()):
         marker, _ = QueueControl.objects.update_or_create(key=RESTART_KEY, defaults={"updated_at": DbNow()})
     marker.refresh_from_db(fields=["updated_at"])
     updated_at: datetime = marker.updated_at

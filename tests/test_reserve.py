@@ -133,3 +133,23 @@ def test_reclaim_worker_releases_a_dead_workers_jobs_at_once():
     assert Job.objects.waiting().get().pk == held[0].pk
     assert re.fullmatch(r"died after \d+ s", FailedJob.objects.get().error)
     assert Job.objects.reserved().get().reserved_by == "alive"
+
+
+def test_a_delete_signal_receiver_does_not_split_the_compare_and_set_delete():
+    """With a receiver, QuerySet.delete() would SELECT then DELETE by id, racing a new reservation."""
+    from django.db.models.signals import post_delete
+
+    def audit(**kwargs):
+        pass
+
+    post_delete.connect(audit)
+    try:
+        jobs.add.enqueue(1, 2)
+        job = Job.objects.reserve(["default"])
+        with CaptureQueriesContext(connection) as queries:
+            assert Job.objects.delete_reserved(job) is True
+        statements = [q["sql"] for q in queries.captured_queries]
+        assert len(statements) == 1 and statements[0].startswith("DELETE")
+        assert "attempts" in statements[0]
+    finally:
+        post_delete.disconnect(audit)
