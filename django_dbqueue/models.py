@@ -494,3 +494,36 @@ class QueueControl(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} at {self.updated_at}"
+
+
+class TaskResultRecord(models.Model):
+    """The outcome of a ``django.tasks`` task, kept after its job row is gone."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    task_path = models.CharField(max_length=255)
+    backend = models.CharField(max_length=100)
+    queue = models.CharField(max_length=100)
+    priority = models.SmallIntegerField(default=0)
+    status = models.CharField(max_length=20, db_index=True)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    return_value = models.JSONField(null=True, blank=True)
+    # [{"exception_class_path": ..., "traceback": ...}], one per failed attempt.
+    errors = models.JSONField(default=list)
+    worker_ids = models.JSONField(default=list)
+    # The job row running it now (a retry from FailedJob gets a new one).
+    job_id = models.BigIntegerField(null=True, blank=True)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_task_result"
+        verbose_name = "task result"
+        indexes = [models.Index(fields=["finished_at"], name="dbqueue_task_result_finished")]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id}: {self.status}"
