@@ -1,5 +1,13 @@
+import django
 from django.apps import AppConfig
+from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
+
+
+def uses_tasks_backend() -> bool:
+    """Tell whether a TASKS backend of the project is django-dbqueue's."""
+    backends = getattr(settings, "TASKS", None) or {}
+    return any(str(params.get("BACKEND", "")).startswith("django_dbqueue.") for params in backends.values())
 
 
 class DbQueueConfig(AppConfig):
@@ -10,6 +18,13 @@ class DbQueueConfig(AppConfig):
     def ready(self) -> None:
         from . import checks, conf  # noqa: F401  (registers the system checks)
 
+        if django.VERSION >= (6, 0):
+            # Registers the job that runs django.tasks tasks, and its signal receiver.
+            from . import tasks  # noqa: F401
+
         if conf.get("AUTODISCOVER"):
             # Like admin.py: every installed app's jobs.py, so a worker knows every job.
             autodiscover_modules("jobs")
+            if django.VERSION >= (6, 0) and uses_tasks_backend():
+                # And tasks.py, where django.tasks tasks live by convention.
+                autodiscover_modules("tasks")

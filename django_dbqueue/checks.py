@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
+import django
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
@@ -122,6 +123,21 @@ def check_database(app_configs: Sequence[Any] | None = None, databases: Sequence
                 hint="Upgrade to MariaDB >= 10.6 or MySQL >= 8.0.1.",
                 id="dbqueue.E006",
             )]
+    return []
+
+
+@register()
+def check_tasks_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """The django.tasks backend needs django.tasks, which Django 6.0 added."""
+    from .apps import uses_tasks_backend
+
+    if django.VERSION < (6, 0) and uses_tasks_backend():
+        return [Error(
+            "TASKS uses django_dbqueue's backend, but django.tasks needs Django 6.0 or newer "
+            f"(this is Django {django.get_version()}).",
+            hint="Upgrade Django, or enqueue with django-dbqueue's own @job API, which works on Django 5.2.",
+            id="dbqueue.E009",
+        )]
     return []
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import inspect
+import logging
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -22,6 +24,8 @@ from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, WorkerStoppe
 from .models import Job
 from .progress import Tracker
 from .registry import Backoff, JobContext, JobDefinition
+
+logger = logging.getLogger("django_dbqueue")
 
 Status = Literal["succeeded", "released", "failed"]
 
@@ -82,7 +86,7 @@ class _Alarm:
         previous = signal.signal(signal.SIGALRM, self._fire)
         self.armed = True
         signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        faulthandler.dump_traceback_later(self.seconds + self.grace, exit=True)
+        _hard_stop_later(self.seconds + self.grace)
         try:
             yield
         finally:
@@ -90,6 +94,18 @@ class _Alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
             faulthandler.cancel_dump_traceback_later()
             signal.signal(signal.SIGALRM, previous)
+
+
+def _hard_stop_later(seconds: float) -> None:
+    """End the process after ``seconds`` unless cancelled, printing where it was stuck."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.dump_traceback_later(seconds, exit=True, file=stream)  # type: ignore[arg-type]
+            return
+        except (AttributeError, ValueError, OSError):
+            # A stream without a file descriptor (a test's capture, an embedding host).
+            continue
+    logger.warning("no file descriptor for faulthandler: a job stuck in C code cannot be ended after its timeout")
 
 
 def prepare(job: Job) -> tuple[JobDefinition[..., Any], dict[str, Any], tuple[Any, ...], dict[str, Any]]:

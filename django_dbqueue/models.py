@@ -158,6 +158,22 @@ class JobManager(models.Manager["Job"]):
                 claimed.append(job)
         return claimed
 
+    # -- extend a reservation ----------------------------------------------
+
+    def extend(self, job: Job, *, worker_id: str) -> bool:
+        """Move the reservation of ``job`` to the database's now, if ``worker_id`` still holds it.
+
+        A worker's heartbeat calls this while the job runs, so a live worker's
+        reservation never reaches its ``retry_after``. False once the job was
+        finished, released or reclaimed: a later reservation is never extended.
+        """
+        return bool(
+            self.get_queryset()
+            .held(job)
+            .filter(reserved_by=worker_id, reserved_at__isnull=False)
+            .update(reserved_at=DbNow())
+        )
+
     # -- finish a reservation ----------------------------------------------
 
     def delete_reserved(self, job: Job, *, follow_ups: Sequence[Job] = ()) -> bool:
@@ -396,6 +412,10 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
                 ]
             )
             FailedJob.objects.using(self.db).filter(pk__in=[row.pk for row in failed]).delete()
+        from .signals import job_enqueued
+
+        for job in jobs:
+            job_enqueued.send_robust(sender=FailedJob, job=job)
         return jobs
 
 

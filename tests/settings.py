@@ -4,6 +4,8 @@ import os
 import tempfile
 from typing import Any
 
+import django
+
 DB = os.environ.get("DBQUEUE_TEST_DB", "sqlite")
 DATABASES: dict[str, dict[str, Any]]
 
@@ -93,3 +95,12 @@ DBQUEUE = {
     "TIMEOUT": 30,
     "TIMEOUT_GRACE": float(os.environ.get("DBQUEUE_TEST_TIMEOUT_GRACE", "5")),
 }
+
+if django.VERSION >= (6, 0):
+    TASKS = {
+        "default": {
+            "BACKEND": "django_dbqueue.tasks.DatabaseBackend",
+            "QUEUES": ["default", "high", "low"],
+            "OPTIONS": {"TRIES": 2},
+        }
+    }

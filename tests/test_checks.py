@@ -89,3 +89,13 @@ def test_sqlite_with_several_workers_is_warned_about(settings):
 
 def test_a_worker_timeout_not_shorter_than_retry_after_is_warned_about():
     assert ids(check_worker(concurrency=None, timeout=60)) == ["dbqueue.W004"]
+
+
+def test_the_tasks_backend_on_django_before_6_is_reported():
+    import django
+
+    from django_dbqueue.checks import check_tasks_backend
+
+    with override_settings(TASKS={"default": {"BACKEND": "django_dbqueue.tasks.DatabaseBackend"}}):
+        messages = check_tasks_backend()
+    assert [m.id for m in messages] == (["dbqueue.E009"] if django.VERSION < (6, 0) else [])

@@ -1,0 +1,277 @@
+"""A backend for Django's Tasks framework (``django.tasks``, Django 6).
+
+``TASKS = {"default": {"BACKEND": "django_dbqueue.tasks.DatabaseBackend"}}``
+runs every ``@task`` on the queue: a task is stored as a job of the internal
+job ``django_dbqueue.run_task``, run by ``queue_work`` with the queue's
+retries, timeouts and recovery, and its outcome is kept in
+``TaskResultRecord`` after the job row is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import traceback
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.core import checks
+from django.db import transaction
+from django.dispatch import receiver
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from . import payload, registry
+from .chains import build_row
+from .db import DbNow, alias
+from .exceptions import JobNotRegistered, PayloadError, WorkerStopped
+from .models import FailedJob, Job, TaskResultRecord
+from .registry import JobContext, job
+from .signals import job_enqueued
+
+logger = logging.getLogger("django_dbqueue")
+
+RUN_TASK = "django_dbqueue.run_task"
+OPTION_KEYS = ("TRIES", "RETRY_AFTER", "TIMEOUT", "BACKOFF")
+
+if TYPE_CHECKING:
+    _TaskBase = Task[..., Any]
+else:
+    # Generic only in django-stubs.
+    _TaskBase = Task
+
+# Tasks by module path, filled as task modules are imported: only these run.
+_tasks: dict[str, Task[..., Any]] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DbQueueTask(_TaskBase):
+    """Django's Task with the queue's options (``@task(tries=5, timeout=30)`` on Django 6.1)."""
+
+    tries: int | None = None
+    retry_after: int | None = None
+    timeout: int | None = None
+    backoff: float | list[float] | None = None
+
+    def __post_init__(self) -> None:
+        Task.__post_init__(self)
+        # The decorated task, not the copies that using() makes.
+        _tasks.setdefault(self.module_path, self)
+
+
+class DatabaseBackend(BaseTaskBackend):
+    task_class = DbQueueTask
+
+    # Tasks with run_after wait in the queue as delayed jobs.
+    supports_defer = True
+    # Coroutine tasks run through async_to_sync in the worker.
+    supports_async_task = True
+    # Results live in TaskResultRecord, readable from any process.
+    supports_get_result = True
+    # Higher priority runs first within a queue.
+    supports_priority = True
+
+    def validate_task(self, task: Task[..., Any]) -> None:
+        super().validate_task(task)
+        for option in ("tries", "retry_after", "timeout"):
+            value = getattr(task, option, None)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise InvalidTask(f"{option} must be a whole number of at least 1, not {value!r}.")
+        backoff = getattr(task, "backoff", None)
+        if backoff is not None and not registry.valid_backoff(backoff):
+            raise InvalidTask(f"backoff must be seconds (>= 0) or a list of them, not {backoff!r}.")
+
+    def _option(self, task: Task[..., Any], name: str) -> Any:
+        value = getattr(task, name, None)
+        return value if value is not None else self.options.get(name.upper())
+
+    def enqueue(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> TaskResult[Any, Any]:
+        self.validate_task(task)
+        try:
+            stored_args, stored_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        except TypeError as exc:
+            raise TypeError(f"Cannot enqueue {task.module_path}: its arguments must be JSON: {exc}") from None
+        result_id = uuid.uuid4().hex
+        step = {
+            "name": RUN_TASK, "queue": task.queue_name, "priority": task.priority,
+            "tries": self._option(task, "tries"), "retry_after": self._option(task, "retry_after"),
+            "timeout": self._option(task, "timeout"), "backoff": self._option(task, "backoff"),
+            **payload.encode_arguments((result_id,), {}),
+        }
+        row = build_row(step)
+        if task.run_after is not None:
+            row.available_at = task.run_after
+        with transaction.atomic(using=alias()):
+            row.save(force_insert=True, using=alias())
+            record = TaskResultRecord.objects.create(
+                id=result_id, task_path=task.module_path, backend=self.alias, queue=task.queue_name,
+                priority=task.priority, status=TaskResultStatus.READY, args=stored_args, kwargs=stored_kwargs,
+                job_id=row.pk, enqueued_at=DbNow(),
+            )
+        if hasattr(record.enqueued_at, "resolve_expression"):
+            record.refresh_from_db(fields=["enqueued_at"])
+        result = to_task_result(record, task)
+        _send(task_enqueued, result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+        record = TaskResultRecord.objects.filter(pk=result_id).first()
+        if record is None:
+            raise TaskResultDoesNotExist(result_id)
+        record = reconcile(record)
+        return to_task_result(record, find_task(record.task_path, importing=True))
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        messages: list[Any] = list(super().check(**kwargs))
+        if not apps.is_installed("django_dbqueue"):
+            messages.append(checks.Error(
+                f"TASKS[{self.alias!r}] uses django-dbqueue, which is not in INSTALLED_APPS.",
+                hint="Add 'django_dbqueue' to INSTALLED_APPS and run migrate.", id="dbqueue.E007",
+            ))
+        for key in self.options:
+            if key not in OPTION_KEYS:
+                messages.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS'] has an unknown key {key!r}.",
+                                             hint=f"Known keys: {', '.join(OPTION_KEYS)}.", id="dbqueue.E008"))
+        return messages
+
+
+def find_task(task_path: str, *, importing: bool = False) -> Task[..., Any]:
+    """The registered task at ``task_path``; with ``importing``, import it if needed (for reading results)."""
+    task = _tasks.get(task_path)
+    if task is None and importing:
+        try:
+            found = import_string(task_path)
+        except ImportError as exc:
+            raise TaskResultDoesNotExist(f"the task {task_path!r} of this result cannot be imported: {exc}") from exc
+        if not isinstance(found, Task):
+            raise TaskResultDoesNotExist(f"{task_path!r} is not a task")
+        task = found
+    if task is None:
+        raise JobNotRegistered(
+            f"No django.tasks task is registered under {task_path!r}. Define it with @task in a module "
+            "that is imported at startup (an installed app's tasks.py), with the django-dbqueue backend."
+        )
+    return task
+
+
+def _errors(record: TaskResultRecord) -> list[TaskError]:
+    return [TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+            for e in record.errors]
+
+
+def to_task_result(record: TaskResultRecord, task: Task[..., Any]) -> TaskResult[Any, Any]:
+    result = TaskResult(
+        task=task, id=record.id, status=TaskResultStatus(record.status), enqueued_at=record.enqueued_at,
+        started_at=record.started_at, finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at, args=record.args, kwargs=record.kwargs,
+        backend=record.backend, errors=_errors(record), worker_ids=list(record.worker_ids),
+    )
+    object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
+def reconcile(record: TaskResultRecord) -> TaskResultRecord:
+    """Bring an unfinished result in line with its job: waiting, running, or failed without a word.
+
+    A worker that was killed, or a job that ran past its timeout and was ended by
+    force, cannot write its result; its job then moves to FailedJob (or waits again).
+    """
+    if record.status not in (TaskResultStatus.READY, TaskResultStatus.RUNNING) or record.job_id is None:
+        return record
+    current = Job.objects.filter(pk=record.job_id).values_list("reserved_at", flat=True)
+    if current.exists():
+        status = TaskResultStatus.RUNNING if current.first() is not None else TaskResultStatus.READY
+        if status != record.status:
+            record.status = status
+            record.save(update_fields=["status"])
+        return record
+    failed = FailedJob.objects.filter(job_id=record.job_id).order_by("-failed_at").first()
+    if failed is not None:
+        record.status = TaskResultStatus.FAILED
+        record.errors = [*record.errors, {"exception_class_path": failed.exception_class, "traceback": failed.error}]
+        record.finished_at = failed.failed_at
+        record.save(update_fields=["status", "errors", "finished_at"])
+    return record
+
+
+def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
+    """Send a Tasks signal; a receiver that raises is logged and changes nothing."""
+    for handler, response in signal.send_robust(sender=DatabaseBackend, task_result=result):
+        if isinstance(response, Exception):
+            logger.error("task signal receiver %r raised", handler, exc_info=response)
+
+
+def _db_time(record: TaskResultRecord, *fields: str) -> None:
+    """Read back fields that were saved as the database clock."""
+    if any(hasattr(getattr(record, name), "resolve_expression") for name in fields):
+        record.refresh_from_db(fields=list(fields))
+
+
+@job(name=RUN_TASK, takes_context=True)
+def run_task(context: JobContext, result_id: str) -> Any:
+    """Run one django.tasks task with Django's semantics, recording its result."""
+    record = TaskResultRecord.objects.filter(pk=result_id).first()
+    if record is None:
+        raise PayloadError(f"the task result {result_id} no longer exists, and with it the task's arguments")
+    task = find_task(record.task_path)
+    record.status = TaskResultStatus.RUNNING
+    record.worker_ids = [*record.worker_ids, context.worker_id]
+    record.last_attempted_at = DbNow()
+    fields = ["status", "worker_ids", "last_attempted_at"]
+    if record.started_at is None:
+        record.started_at = DbNow()
+        fields.append("started_at")
+    record.save(update_fields=fields)
+    _db_time(record, "started_at", "last_attempted_at")
+    result = to_task_result(record, task)
+    _send(task_started, result)
+    try:
+        call_args = (TaskContext(task_result=result), *record.args) if task.takes_context else tuple(record.args)
+        value = normalize_json(task.call(*call_args, **record.kwargs))
+    except BaseException as exc:
+        last = not isinstance(exc, WorkerStopped) and context.is_last_attempt
+        cls = type(exc)
+        record.errors = [*record.errors, {"exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
+                                          "traceback": "".join(traceback.format_exception(exc))}]
+        record.status = TaskResultStatus.FAILED if last else TaskResultStatus.READY
+        record.finished_at = DbNow() if last else None
+        record.save(update_fields=["errors", "status", "finished_at"])
+        if last:
+            _db_time(record, "finished_at")
+            _send(task_finished, to_task_result(record, task))
+        raise
+    record.status = TaskResultStatus.SUCCESSFUL
+    record.return_value = value
+    record.finished_at = DbNow()
+    record.save(update_fields=["status", "return_value", "finished_at"])
+    _db_time(record, "finished_at")
+    _send(task_finished, to_task_result(record, task))
+    return value
+
+
+@receiver(job_enqueued)
+def _follow_retried_job(sender: Any, job: Job, **kwargs: Any) -> None:
+    """A task retried from FailedJob runs as a new job: its result follows it."""
+    if job.name != RUN_TASK or sender is not FailedJob:
+        return
+    try:
+        result_id = payload.decode(job.payload)["args"][0]
+    except (PayloadError, IndexError, KeyError):
+        return
+    TaskResultRecord.objects.filter(pk=result_id).update(
+        job_id=job.pk, status=TaskResultStatus.READY, finished_at=None)
+
+
+def prune_results(hours: float) -> int:
+    """Delete finished task results older than ``hours``; return how many."""
+    deleted, _ = TaskResultRecord.objects.filter(finished_at__lt=DbNow() - timedelta(hours=hours)).delete()
+    return deleted
+
