@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.core import checks
-from django.db import transaction
+from django.db import connections, transaction
 from django.dispatch import receiver
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
@@ -31,6 +31,7 @@ from django.utils.module_loading import import_string
 
 from . import payload, registry
 from .chains import build_row
+from .checks import CLAIM_VENDORS
 from .db import DbNow, alias
 from .exceptions import JobNotRegistered, PayloadError, WorkerStopped
 from .models import FailedJob, Job, TaskResultRecord
@@ -135,6 +136,14 @@ class DatabaseBackend(BaseTaskBackend):
             messages.append(checks.Error(
                 f"TASKS[{self.alias!r}] uses django-dbqueue, which is not in INSTALLED_APPS.",
                 hint="Add 'django_dbqueue' to INSTALLED_APPS and run migrate.", id="dbqueue.E007",
+            ))
+        vendor = connections[alias()].vendor if alias() in connections else None
+        if vendor is not None and vendor not in CLAIM_VENDORS:
+            messages.append(checks.Error(
+                f"TASKS[{self.alias!r}] stores tasks in the database {alias()!r} ({vendor}), where "
+                "django-dbqueue cannot claim jobs safely.",
+                hint="Use PostgreSQL, MariaDB >= 10.6, MySQL >= 8 or SQLite for DBQUEUE['DATABASE'].",
+                id="dbqueue.E010",
             ))
         for key in self.options:
             if key not in OPTION_KEYS:

@@ -13,6 +13,7 @@ pytest.importorskip("django.tasks", reason="django.tasks needs Django 6")
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.db import transaction
+from django.test import override_settings
 from django.tasks import TaskResultStatus, default_task_backend, task
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
@@ -197,6 +198,20 @@ def test_a_task_whose_worker_died_reads_as_failed():
     fetched = default_task_backend.get_result(result.id)
     assert fetched.status == TaskResultStatus.FAILED
     assert fetched.errors[-1].exception_class_path == "django_dbqueue.exceptions.WorkerLost"
+
+
+def test_the_backend_check_reports_a_database_that_cannot_claim():
+    from django.db import connections
+
+    connections.settings["other"] = {**connections.settings["default"], "ENGINE": "django.db.backends.dummy"}
+    try:
+        with override_settings(DBQUEUE={"DATABASE": "other"}):
+            ids = [m.id for m in DatabaseBackend("x", {}).check()]
+    finally:
+        del connections.settings["other"]
+        if hasattr(connections._connections, "other"):
+            del connections["other"]
+    assert ids == ["dbqueue.E010"]
 
 
 def test_the_backend_check_reports_unknown_options():

@@ -2,7 +2,10 @@
 
 import time
 
+import django
 from django.tasks import TaskContext, task
+
+from django_dbqueue.tasks import DbQueueTask
 
 from .models import Run
 
@@ -47,9 +50,18 @@ def slow_task(key: str, seconds: float) -> str:
     return key
 
 
-@task(tries=1, timeout=5, retry_after=20)
 def once_only() -> None:
     raise RuntimeError("no second chance")
+
+
+if django.VERSION >= (6, 1):
+    # Django 6.1 passes unknown @task options to the backend's task class.
+    once_only = task(tries=1, timeout=5, retry_after=20)(once_only)  # type: ignore[assignment]
+else:
+    once_only = DbQueueTask(  # type: ignore[assignment]
+        func=once_only, priority=0, backend="default", queue_name="default", run_after=None, takes_context=False,
+        tries=1, timeout=5, retry_after=20,
+    )
 
 
 @task
