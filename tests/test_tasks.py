@@ -13,10 +13,10 @@ pytest.importorskip("django.tasks", reason="django.tasks needs Django 6")
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.db import transaction
-from django.test import override_settings
 from django.tasks import TaskResultStatus, default_task_backend, task
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.test import override_settings
 
 from django_dbqueue.models import FailedJob, Job, TaskResultRecord
 from django_dbqueue.tasks import RUN_TASK, DatabaseBackend
