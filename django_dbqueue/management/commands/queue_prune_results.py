@@ -7,14 +7,14 @@ from typing import Any
 import django
 from django.core.management.base import BaseCommand, CommandError
 
-from django_dbqueue.management.commands.queue_prune_progress import _hours
+from django_dbqueue.management.options import hours
 
 
 class Command(BaseCommand):
     help = "Delete the results of django.tasks tasks that finished more than N hours ago."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--hours", type=_hours, required=True,
+        parser.add_argument("--hours", type=hours, required=True,
                             help="Delete results finished longer ago than this many hours (required).")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from typing import Any
@@ -12,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_dbqueue import conf, registry
 from django_dbqueue.checks import check_worker
 from django_dbqueue.execution import Defaults
+from django_dbqueue.management.options import backoff, number, queue_list
 from django_dbqueue.supervisor import Supervisor
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
 
@@ -19,70 +19,37 @@ from django_dbqueue.worker import StopReason, Worker, WorkerOptions
 EXIT_MEMORY = 12
 
 
-def _number(kind: type, minimum: float, label: str) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {label}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum:g}")
-        return value
-    return parse
-
-
-def parse_queues(text: str) -> list[str]:
-    queues = [queue.strip() for queue in text.split(",")]
-    if not all(queues):
-        raise argparse.ArgumentTypeError(f"{text!r} has an empty queue name; write --queue high,default")
-    if len(set(queues)) != len(queues):
-        raise argparse.ArgumentTypeError(f"{text!r} names a queue twice")
-    if any(len(queue) > 100 for queue in queues):
-        raise argparse.ArgumentTypeError("queue names are at most 100 characters")
-    return queues
-
-
-def parse_backoff(text: str) -> float | list[float]:
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not seconds, or a comma-separated list of seconds") from None
-    if any(value < 0 for value in values):
-        raise argparse.ArgumentTypeError(f"{text!r} has a negative delay")
-    return values[0] if len(values) == 1 else values
-
-
 class Command(BaseCommand):
     help = "Run jobs from the queue until stopped (SIGTERM or SIGINT finish the current job first)."
 
     def add_arguments(self, parser: Any) -> None:
         settings = conf.get_settings()
-        parser.add_argument("--queue", type=parse_queues, default=None,
+        parser.add_argument("--queue", type=queue_list, default=None,
                             help=f"Queues to serve, comma-separated, highest priority first "
                                  f"(default: {settings['QUEUE']}).")
-        parser.add_argument("--sleep", type=_number(float, 0, "seconds"), default=None,
+        parser.add_argument("--sleep", type=number(float, 0, "seconds"), default=None,
                             help=f"Seconds to wait when no job is available (default: {settings['SLEEP']}).")
-        parser.add_argument("--tries", type=_number(int, 1, "a whole number"), default=None,
+        parser.add_argument("--tries", type=number(int, 1, "a whole number"), default=None,
                             help=f"Tries for jobs that set none (default: {settings['TRIES']}).")
-        parser.add_argument("--timeout", type=_number(int, 0, "whole seconds"), default=None,
+        parser.add_argument("--timeout", type=number(int, 0, "whole seconds"), default=None,
                             help=f"Seconds a job may run, for jobs that set none; 0 for no limit "
                                  f"(default: {settings['TIMEOUT']}).")
-        parser.add_argument("--backoff", type=parse_backoff, default=None,
+        parser.add_argument("--backoff", type=backoff, default=None,
                             help=f"Seconds before a failed job runs again, or one per attempt as "
                                  f"'10,60,300', for jobs that set none (default: {settings['BACKOFF']}).")
-        parser.add_argument("--max-jobs", type=_number(int, 1, "a whole number"), default=None,
+        parser.add_argument("--max-jobs", type=number(int, 1, "a whole number"), default=None,
                             help="Stop after this many jobs (default: no limit).")
-        parser.add_argument("--max-time", type=_number(float, 0.001, "seconds"), default=None,
+        parser.add_argument("--max-time", type=number(float, 0.001, "seconds"), default=None,
                             help="Stop after this many seconds (default: no limit).")
-        parser.add_argument("--memory", type=_number(int, 1, "whole megabytes"), default=None,
+        parser.add_argument("--memory", type=number(int, 1, "whole megabytes"), default=None,
                             help="Stop after a job once resident memory passes this many MB "
                                  "(default: no limit).")
         parser.add_argument("--stop-when-empty", action="store_true",
                             help="Stop when no job is available.")
         parser.add_argument("--once", action="store_true", help="Process at most one job, then stop.")
-        parser.add_argument("--rest", type=_number(float, 0, "seconds"), default=0.0,
+        parser.add_argument("--rest", type=number(float, 0, "seconds"), default=0.0,
                             help="Seconds to rest after each job (default: 0).")
-        parser.add_argument("--concurrency", type=_number(int, 1, "a whole number"), default=None,
+        parser.add_argument("--concurrency", type=number(int, 1, "a whole number"), default=None,
                             help="Run N worker processes under a supervisor that restarts any that "
                                  "die (default: one worker in this process).")
 
