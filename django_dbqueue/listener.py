@@ -1,0 +1,66 @@
+"""Wake idle workers on PostgreSQL: LISTEN for the NOTIFY that new jobs send.
+
+A statement-level trigger (migration 0002) runs ``pg_notify('dbqueue', queue)``
+for the queues of the rows an INSERT made available at once; PostgreSQL
+delivers it when the enqueueing transaction commits. An idle worker waits on
+its connection's socket as well as its timer, so a new job starts within a
+round trip instead of a poll interval. Polling stays: delayed jobs, releases
+and other databases are found by it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from .db import alias
+
+logger = logging.getLogger("django_dbqueue")
+
+CHANNEL = "dbqueue"
+
+
+class Listener:
+    """LISTEN on the worker's own queue connection; re-LISTEN after a reconnect."""
+
+    def __init__(self) -> None:
+        self._listening_on: Any = None
+
+    @staticmethod
+    def supported() -> bool:
+        connection = connections[alias()]
+        return connection.vendor == "postgresql" and getattr(connection, "is_psycopg3", False)
+
+    def fileno(self) -> int | None:
+        """The socket to wait on, LISTENing first if this connection does not yet; None if not possible."""
+        connection = connections[alias()]
+        try:
+            connection.ensure_connection()
+            raw = connection.connection
+            if raw is not self._listening_on:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"LISTEN {CHANNEL}")
+                self._listening_on = raw
+            return int(raw.pgconn.socket)
+        except (DatabaseError, AttributeError, OSError) as exc:
+            logger.debug("cannot listen for new jobs: %s", exc)
+            self._listening_on = None
+            return None
+
+    def drain(self) -> int:
+        """Read the notifications that arrived; return how many."""
+        connection = connections[alias()]
+        raw = connection.connection
+        if raw is None:
+            return 0
+        count = 0
+        try:
+            raw.pgconn.consume_input()
+            while raw.pgconn.notifies() is not None:
+                count += 1
+        except Exception as exc:  # noqa: BLE001 - a broken socket: the next reserve reconnects
+            logger.debug("reading notifications failed: %s", exc)
+            self._listening_on = None
+        return count
