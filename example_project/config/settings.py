@@ -1,7 +1,7 @@
 """Settings of the example project.
 
-SQLite (``example_project/db.sqlite3``) by default; set ``DATABASE_URL`` to use
-PostgreSQL or MySQL/MariaDB instead, e.g.
+SQLite (``example_project/db.sqlite3``, or the file named by ``EXAMPLE_SQLITE_PATH``)
+by default; set ``DATABASE_URL`` to use PostgreSQL or MySQL/MariaDB instead, e.g.
 ``DATABASE_URL=postgres://user:password@localhost:5432/dbqueue_demo``.
 """
 
@@ -102,7 +102,8 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": BASE_DIR / "db.sqlite3",
+            # EXAMPLE_SQLITE_PATH lets tests (and you) use another file, e.g. a temporary one.
+            "NAME": os.environ.get("EXAMPLE_SQLITE_PATH") or BASE_DIR / "db.sqlite3",
             # Workers and the web process write concurrently: wait for the lock
             # instead of failing, take it at BEGIN, and let readers run during writes.
             "OPTIONS": {

@@ -1,4 +1,9 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+urlpatterns = [
+    path("", include("demo.urls")),
+    path("admin/", admin.site.urls),
+    # The JSON progress view: /queue/progress/<key>/
+    path("queue/", include("django_dbqueue.urls")),
+]

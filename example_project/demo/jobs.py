@@ -9,7 +9,7 @@ import time
 
 from django.utils import timezone
 
-from django_dbqueue import JobContext, job
+from django_dbqueue import Chain, JobContext, chain, job
 
 from .models import Order
 
@@ -77,3 +77,54 @@ def confirm_order(order: Order) -> None:
     order.confirmed_at = timezone.now()
     order.save(update_fields=["status", "confirmed_at"])
     logger.info("order confirmed number=%s", order.number)
+
+
+# -- A long chain with progress: "render a video" ---------------------------------
+#
+# Four steps that run one after another (``chain(...)``), each taking about
+# STEP_SECONDS and reporting its progress TICKS times. A step reports its own
+# percent (0-100); the queue scales it to the whole chain (step 2 at 50% is 37.5%
+# of a 4-step chain) and stores it under ``pipeline.progress_key``, which the page
+# at / polls through django_dbqueue's JSON view.
+
+STEP_SECONDS = 1.6
+TICKS = 8
+
+
+def _work(context: JobContext, doing: str, seconds: float) -> None:
+    """Pretend to work for ``seconds``, reporting e.g. "encoding 40%" as it goes."""
+    for tick in range(TICKS):
+        percent = tick * 100 // TICKS
+        context.progress(percent, f"{doing} {percent}% (step {context.step} of {context.steps})")
+        time.sleep(seconds / TICKS)
+    # When the step returns, the queue stores it as done ("step 2 of 4 done", or
+    # "finished" with 100% after the last step).
+
+
+@job(takes_context=True, timeout=30)
+def fetch_footage(context: JobContext, title: str, seconds: float = STEP_SECONDS) -> None:
+    _work(context, "fetching footage", seconds)
+    logger.info("footage fetched title=%s", title)
+
+
+@job(takes_context=True, timeout=30)
+def encode_video(context: JobContext, title: str, seconds: float = STEP_SECONDS) -> None:
+    _work(context, "encoding", seconds)
+    logger.info("video encoded title=%s", title)
+
+
+@job(takes_context=True, timeout=30)
+def burn_subtitles(context: JobContext, title: str, seconds: float = STEP_SECONDS) -> None:
+    _work(context, "burning subtitles", seconds)
+    logger.info("subtitles burnt title=%s", title)
+
+
+@job(takes_context=True, timeout=30)
+def publish_video(context: JobContext, title: str, seconds: float = STEP_SECONDS) -> None:
+    _work(context, "uploading", seconds)
+    logger.info("video published title=%s", title)
+
+
+def render_video(title: str, seconds: float = STEP_SECONDS) -> Chain:
+    """The chain of steps that renders one video; call ``.enqueue()`` on it."""
+    return chain(*(step.bind(title, seconds) for step in (fetch_footage, encode_video, burn_subtitles, publish_video)))
