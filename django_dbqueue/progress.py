@@ -62,7 +62,8 @@ def keep_writer() -> Iterator[None]:
 
 
 def clamp(percent: float) -> float:
-    return max(0.0, min(100.0, float(percent)))
+    """``percent`` within 0..100, rounded to hundredths (a chain's shares are fractions)."""
+    return round(max(0.0, min(100.0, float(percent))), 2)
 
 
 def set_progress(key: str, percent: float, stage: str = "", *, finished: bool = False, failed: bool = False,

@@ -44,7 +44,7 @@ def test_the_next_step_is_enqueued_in_the_transaction_that_deletes_the_finished_
     assert envelope["args"] == ["h", 2]
     assert envelope["chain"] == {"id": pipeline.id, "step": 2, "total": 3}
     assert [step["args"] for step in envelope["next"]] == [["h", 3]]
-    assert get_progress(pipeline.progress_key)["percent"] == pytest.approx(100 / 3)
+    assert get_progress(pipeline.progress_key)["percent"] == 33.33
 
 
 def test_a_failing_middle_step_stops_the_chain_and_keeps_the_rest_visible():
@@ -60,7 +60,7 @@ def test_a_failing_middle_step_stops_the_chain_and_keeps_the_rest_visible():
     progress = get_progress(pipeline.progress_key)
     assert progress["failed"] and not progress["finished"]
     assert progress["error"] == "RuntimeError: step 2 of f broke"
-    assert progress["percent"] == pytest.approx(100 / 3)
+    assert progress["percent"] == 33.33
 
     # Retrying the failed step resumes the chain from it.
     Run.objects.create(key="f-allow")
