@@ -167,12 +167,12 @@ class JobManager(models.Manager["Job"]):
         reservation never reaches its ``retry_after``. False once the job was
         finished, released or reclaimed: a later reservation is never extended.
         """
-        return bool(
-            self.get_queryset()
-            .held(job)
-            .filter(reserved_by=worker_id, reserved_at__isnull=False)
-            .update(reserved_at=DbNow())
-        )
+        held = self.get_queryset().held(job).filter(reserved_by=worker_id, reserved_at__isnull=False)
+        # Write the clock as a value, like the claim: SQLite stores DbNow() as text
+        # with 3 decimals, which a reclaim's compare-and-set on reserved_at (6
+        # decimals) would never match.
+        row = held.only("pk").annotate(**_DB_NOW).first()
+        return row is not None and bool(held.update(reserved_at=row.db_now))
 
     # -- finish a reservation ----------------------------------------------
 

@@ -24,7 +24,8 @@ from . import chains, conf, progress, signals
 from .db import drop_connection, is_connection_error
 from .exceptions import WorkerStopped
 from .execution import Defaults, Outcome, execute
-from .models import Job
+from .heartbeat import Heartbeat
+from .models import FailedJob, Job
 from .operations import restart_marker
 
 logger = logging.getLogger("django_dbqueue")
@@ -200,19 +201,16 @@ class Worker:
         return jobs[0] if jobs else None
 
     def process(self, job: Job) -> Outcome:
-        """Run a reserved job, record its outcome, then send signals and log."""
+        """Run a reserved job and record its outcome under a heartbeat, then send signals and log."""
         self.processed += 1
-        _send(signals.job_started, job=job, worker_id=self.worker_id)
-        self.in_job = True
-        try:
-            with progress.keep_writer():
-                outcome = execute(job, worker_id=self.worker_id, defaults=self.options.defaults)
-        except WorkerStopped as exc:
-            # The second signal came just outside the job's own code.
-            outcome = Outcome("released", 0, exception=exc, error=str(exc))
-        finally:
-            self.in_job = False
-        recorded = self._record(job, outcome)
+        # From the reserve to the stored outcome, so neither a long run nor a
+        # database outage while recording lets the reservation expire.
+        with Heartbeat(job, self.worker_id):
+            _send(signals.job_started, job=job, worker_id=self.worker_id)
+            outcome = self._execute(job)
+            stored, failed_job = self._store(job, outcome)
+        if stored:
+            self._report(job, outcome, failed_job)
         logger.log(
             logging.INFO if outcome.status == "succeeded" else logging.WARNING,
             "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s",
@@ -220,12 +218,23 @@ class Worker:
             f" retry_in={outcome.delay:g}s" if outcome.status == "released" else "",
             f" error={outcome.exception_class}" if outcome.exception is not None else "",
         )
-        if recorded is False:
+        if stored is False:
             logger.warning("reservation lost job=%s id=%s attempt=%s: another worker holds it, outcome not recorded",
                            job.name, job.pk, job.attempts)
         return outcome
 
-    def _record(self, job: Job, outcome: Outcome) -> bool | None:
+    def _execute(self, job: Job) -> Outcome:
+        self.in_job = True
+        try:
+            with progress.keep_writer():
+                return execute(job, worker_id=self.worker_id, defaults=self.options.defaults)
+        except WorkerStopped as exc:
+            # The second signal came just outside the job's own code.
+            return Outcome("released", 0, exception=exc, error=str(exc))
+        finally:
+            self.in_job = False
+
+    def _store(self, job: Job, outcome: Outcome) -> tuple[bool | None, FailedJob | None]:
         """Store the outcome, retrying while the database is away; None if it never could."""
         failed_job = None
         follow_ups = [] if outcome.status == "released" else chains.follow_ups(
@@ -241,25 +250,26 @@ class Worker:
                                           follow_ups=follow_ups)
             return failed_job is not None
 
-        stored = self._retry_database(store, "record")
-        if stored and outcome.tracker is not None:
+        return self._retry_database(store, "record"), failed_job
+
+    def _report(self, job: Job, outcome: Outcome, failed_job: FailedJob | None) -> None:
+        """Write the final progress and send the outcome's signal; neither changes what was stored."""
+        if outcome.tracker is not None:
             with progress.keep_writer():
                 outcome.tracker.flush()
                 if outcome.status == "succeeded":
                     outcome.tracker.succeeded()
                 elif outcome.status == "failed":
                     outcome.tracker.failed(outcome.error)
-        if stored:
-            if outcome.status == "succeeded":
-                _send(signals.job_succeeded, job=job, worker_id=self.worker_id,
-                      duration=outcome.duration, result=outcome.result)
-            elif outcome.status == "released":
-                _send(signals.job_released, job=job, worker_id=self.worker_id, duration=outcome.duration,
-                      exception=outcome.exception, delay=outcome.delay)
-            else:
-                _send(signals.job_failed, job=job, failed_job=failed_job, worker_id=self.worker_id,
-                      exception=outcome.exception)
-        return stored
+        if outcome.status == "succeeded":
+            _send(signals.job_succeeded, job=job, worker_id=self.worker_id,
+                  duration=outcome.duration, result=outcome.result)
+        elif outcome.status == "released":
+            _send(signals.job_released, job=job, worker_id=self.worker_id, duration=outcome.duration,
+                  exception=outcome.exception, delay=outcome.delay)
+        else:
+            _send(signals.job_failed, job=job, failed_job=failed_job, worker_id=self.worker_id,
+                  exception=outcome.exception)
 
     def _retry_database(self, action: Callable[[], T], what: str) -> T | None:
         attempt = 0

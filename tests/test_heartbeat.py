@@ -1,0 +1,95 @@
+"""The heartbeat: extending a reservation by compare-and-set, from a thread with its own connection."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+
+import pytest
+from django.db.models import F
+
+from django_dbqueue.heartbeat import Heartbeat, beat_interval
+from django_dbqueue.models import Job
+from tests.conftest import wait_until
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def reserved(worker_id: str = "host:1:aaa", **options: int) -> Job:
+    jobs.add.using(**options).enqueue(1, 2)
+    job = Job.objects.reserve(["default"], worker_id=worker_id)
+    assert job is not None
+    return job
+
+
+def age(job: Job, seconds: int = 3600) -> None:
+    Job.objects.filter(pk=job.pk).update(reserved_at=F("reserved_at") - dt.timedelta(seconds=seconds))
+
+
+def test_the_interval_is_a_third_of_retry_after_and_never_tiny():
+    assert beat_interval(60) == 20
+    assert beat_interval(2) == pytest.approx(2 / 3)
+    assert beat_interval(0) == 0.25
+
+
+def test_extend_moves_the_holders_reservation_to_now():
+    job = reserved()
+    age(job)
+    assert Job.objects.extend(job, worker_id="host:1:aaa")
+    assert Job.objects.expired() == [] and Job.objects.reclaim_expired() == 0
+
+
+def test_extend_changes_nothing_for_another_worker_or_a_later_reservation():
+    job = reserved()
+    age(job)
+    assert not Job.objects.extend(job, worker_id="host:2:bbb")
+    assert Job.objects.release(job)
+    assert not Job.objects.extend(job, worker_id="host:1:aaa")  # released: nobody holds it
+    again = Job.objects.reserve(["default"], worker_id="host:1:aaa")
+    assert again is not None and again.attempts == 2
+    age(again)
+    assert not Job.objects.extend(job, worker_id="host:1:aaa")  # the first reservation is over
+    assert [expired.pk for expired in Job.objects.expired()] == [job.pk]
+
+
+def test_an_extended_reservation_can_still_be_failed_by_compare_and_set_on_reserved_at():
+    # SQLite stores DbNow() with 3 decimals; the reclaim compares reserved_at with 6.
+    job = reserved()
+    assert Job.objects.extend(job, worker_id="host:1:aaa")
+    stored = Job.objects.get(pk=job.pk)
+    assert Job.objects.fail(stored, error="x", exception_class="X", reserved_at=stored.reserved_at) is not None
+
+
+def test_a_heartbeat_extends_until_stopped_then_its_thread_ends():
+    job = reserved(retry_after=60)
+    age(job)
+    before = threading.active_count()
+    heartbeat = Heartbeat(job, "host:1:aaa", interval=0.05).start()
+    wait_until(lambda: heartbeat.beats >= 3, 10, "the heartbeat never beat")
+    heartbeat.stop()
+    assert threading.active_count() == before
+    assert Job.objects.expired() == []
+    beats = heartbeat.beats
+    time.sleep(0.2)
+    assert heartbeat.beats == beats
+
+
+def test_a_heartbeat_stops_when_the_reservation_is_no_longer_its_own(caplog):
+    job = reserved()
+    with caplog.at_level(logging.WARNING, logger="django_dbqueue"):
+        heartbeat = Heartbeat(job, "host:1:aaa", interval=0.05).start()
+        wait_until(lambda: heartbeat.beats >= 1, 10, "the heartbeat never beat")
+        Job.objects.filter(pk=job.pk).update(reserved_by="host:9:zzz", attempts=F("attempts") + 1)
+        wait_until(lambda: not heartbeat._thread.is_alive(), 10, "the heartbeat kept beating")
+        heartbeat.stop()
+    assert any("is no longer this worker's" in record.getMessage() for record in caplog.records)
+
+
+def test_a_short_job_never_opens_a_heartbeat_connection():
+    job = reserved()
+    with Heartbeat(job, "host:1:aaa") as heartbeat:
+        pass
+    assert heartbeat.beats == 0
