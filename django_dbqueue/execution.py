@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
+from django.db import DatabaseError
 
 from . import payload, registry
 from .chains import chain_of
@@ -127,26 +128,47 @@ def check_signature(definition: JobDefinition[..., Any], args: tuple[Any, ...], 
         ) from None
 
 
+def chain_position(envelope: dict[str, Any]) -> tuple[dict[str, Any] | None, int, int]:
+    """The chain info of a step with its step number and step count; (None, 1, 1) outside a chain."""
+    chain = chain_of(envelope)
+    if chain is None:
+        return None, 1, 1
+    try:
+        return chain, int(chain["step"]), int(chain["total"])
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"the stored chain position {chain!r} is malformed: {exc}") from exc
+
+
 def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
     """Run ``job`` and return what should happen to it. Never raises for the job's fault."""
     started = time.monotonic()
     tracker = None
+    envelope: dict[str, Any] = {}
+    tries = job.tries_allowed(defaults.tries)
     try:
         definition, envelope, args, kwargs = prepare(job)
-        chain = chain_of(envelope)
+        chain, step, steps = chain_position(envelope)
         tracker = Tracker(job.pk, chain)
-        tries = job.tries_allowed(defaults.tries)
         if definition.takes_context:
             context = JobContext(
                 job_id=job.pk, name=job.name, queue=job.queue, attempt=job.attempts,
                 tries=tries, worker_id=worker_id, tracker=tracker,
-                chain_id=chain["id"] if chain else None,
-                step=int(chain["step"]) if chain else 1, steps=int(chain["total"]) if chain else 1,
+                chain_id=chain["id"] if chain else None, step=step, steps=steps,
             )
             args = (context, *args)
         check_signature(definition, args, kwargs)
     except PERMANENT_ERRORS as exc:
         return _failed(exc, started, f"{job.name} (job {job.pk}) cannot run: {exc}", tracker)
+    except DatabaseError as exc:
+        # Fetching a model argument met the database's trouble, not the row's: retry.
+        return _after_error(job, exc, envelope, tries, defaults, started, tracker)
+    except Exception as exc:  # noqa: BLE001 - any other fault of a stored row must not end the worker
+        # A value no check above foresaw (a model pk of the wrong type, JSON nested
+        # too deep): the row cannot become a call, and running it again cannot help.
+        reason = PayloadError(f"the stored call could not be prepared: {type(exc).__name__}: {exc}")
+        reason.__cause__ = exc
+        return _failed(reason, started, f"{job.name} (job {job.pk}) cannot run: {reason}\n\n{_traceback(exc)}",
+                       tracker)
 
     timeout = job.timeout or defaults.timeout
     try:
@@ -162,15 +184,23 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
         return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc),
                        tracker=tracker)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
-        duration = time.monotonic() - started
-        if isinstance(exc, PERMANENT_ERRORS) or job.attempts >= tries:
+        if isinstance(exc, PERMANENT_ERRORS):
             return _failed(exc, started, _traceback(exc), tracker)
-        backoff = envelope.get("backoff")
-        if backoff is None or not registry.valid_backoff(backoff):
-            backoff = defaults.backoff
-        delay = registry.backoff_seconds(backoff, job.attempts)
-        return Outcome("released", duration, exception=exc, error=_traceback(exc), delay=delay, tracker=tracker)
+        return _after_error(job, exc, envelope, tries, defaults, started, tracker)
     return Outcome("succeeded", time.monotonic() - started, result=result, tracker=tracker)
+
+
+def _after_error(job: Job, exc: BaseException, envelope: dict[str, Any], tries: int, defaults: Defaults,
+                 started: float, tracker: Tracker | None) -> Outcome:
+    """Release the job for another attempt after its backoff, or fail it once its tries are used."""
+    if job.attempts >= tries:
+        return _failed(exc, started, _traceback(exc), tracker)
+    backoff = envelope.get("backoff")
+    if backoff is None or not registry.valid_backoff(backoff):
+        backoff = defaults.backoff
+    delay = registry.backoff_seconds(backoff, job.attempts)
+    return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc), delay=delay,
+                   tracker=tracker)
 
 
 def _failed(exc: BaseException, started: float, error: str, tracker: Tracker | None) -> Outcome:

@@ -237,8 +237,7 @@ class Worker:
     def _store(self, job: Job, outcome: Outcome) -> tuple[bool | None, FailedJob | None]:
         """Store the outcome, retrying while the database is away; None if it never could."""
         failed_job = None
-        follow_ups = [] if outcome.status == "released" else chains.follow_ups(
-            job, succeeded=outcome.status == "succeeded")
+        follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
 
         def store() -> bool:
             nonlocal failed_job
@@ -251,6 +250,13 @@ class Worker:
             return failed_job is not None
 
         return self._retry_database(store, "record"), failed_job
+
+    def _follow_ups(self, job: Job, outcome: Outcome) -> list[Job]:
+        try:
+            return chains.follow_ups(job, succeeded=outcome.status == "succeeded")
+        except Exception:  # a row's fault (JSON nested too deep) must not end the worker
+            logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
+            return []
 
     def _report(self, job: Job, outcome: Outcome, failed_job: FailedJob | None) -> None:
         """Write the final progress and send the outcome's signal; neither changes what was stored."""

@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from django.db.models.functions import Now
 
 from django_dbqueue.models import FailedJob, Job
 from tests.conftest import wait_until
@@ -69,3 +70,73 @@ def test_a_killed_workers_long_job_is_still_reclaimed_after_its_retry_after(work
     second.signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 0
     assert not Job.objects.exists() and not FailedJob.objects.exists()
+
+
+
+
+# -- poison input in a real process ------------------------------------------------------------
+
+MODEL = '{"__dbq__": "model", "v": ["testapp.Order", %s]}'
+# Rows a bad deploy, a hand edit or a newer version could leave; tests/test_worker.py covers
+# the unknown name, invalid JSON, a non-envelope and changed signatures in this process.
+POISON = {
+    "args-not-a-list": ("tests.add", '{"args": "12", "kwargs": {}}', "PayloadError", "not a job envelope"),
+    "kwargs-not-a-dict": ("tests.add", '{"args": [1, 2], "kwargs": [3]}', "PayloadError", "not a job envelope"),
+    "a-json-string": ("tests.add", '"args"', "PayloadError", "not a job envelope"),
+    "model-pk-of-the-wrong-type": ("tests.testapp.jobs.touch_order", '{"args": [%s], "kwargs": {}}' % (MODEL % '"A-1"'),
+                                   "PayloadError", "'A-1'"),
+    "model-pk-a-list": ("tests.testapp.jobs.touch_order", '{"args": [%s], "kwargs": {}}' % (MODEL % "[1, 2]"),
+                        "PayloadError", "[1, 2]"),
+    # A context job reads its position when it starts; any chain step reports progress when it ends.
+    "chain-step-not-a-number": (
+        "tests.testapp.jobs.fail_once",
+        '{"args": ["c"], "kwargs": {}, "chain": {"id": "c1", "step": "two", "total": 3}}',
+        "PayloadError", "chain position",
+    ),
+    "chain-total-missing-its-value": (
+        "tests.add", '{"args": [1, 2], "kwargs": {}, "chain": {"id": "c2", "step": 1, "total": null}}',
+        "PayloadError", "chain position",
+    ),
+    "nested-too-deep": ("tests.add", '{"args": [' + "[" * 100_000 + "]" * 100_000 + '], "kwargs": {}}',
+                        "PayloadError", "RecursionError"),
+}
+
+
+def test_poison_rows_fail_at_once_with_a_reason_and_the_worker_process_keeps_serving(worker_process):
+    rows = {
+        label: Job.objects.create(name=name, payload=stored, retry_after=60, available_at=Now(), created_at=Now())
+        for label, (name, stored, _cls, _message) in POISON.items()
+    }
+    jobs.record.enqueue("after-poison")
+    process = worker_process("--sleep", "0.05")
+    wait_until(lambda: Run.objects.filter(key="after-poison").exists(), 60,
+               f"the worker did not get past the poison rows:\n{process.output()}")
+    assert process.process.poll() is None, process.output()
+    for label, row in rows.items():
+        failed = FailedJob.objects.get(job_id=row.pk)
+        _name, _stored, exception_class, message = POISON[label]
+        assert failed.attempts == 1, label
+        assert failed.exception_class.endswith(exception_class), (label, failed.exception_class, failed.error)
+        assert "cannot run" in failed.error and message in failed.error, (label, failed.error[-500:])
+    process.signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0, process.output()
+    assert not Job.objects.exists()
+
+
+def test_system_exit_and_keyboard_interrupt_from_a_job_do_not_end_a_worker_process(worker_process):
+    jobs.raise_system_exit.enqueue()
+    jobs.raise_keyboard_interrupt.enqueue()
+    jobs.record.enqueue("after-exits")
+    process = worker_process("--sleep", "0.05")
+    wait_until(lambda: Run.objects.filter(key="after-exits").exists() and FailedJob.objects.count() == 2, 60,
+               f"the worker did not carry on:\n{process.output()}")
+    assert process.process.poll() is None, process.output()
+    failures = dict(FailedJob.objects.values_list("name", "exception_class"))
+    assert failures == {
+        "tests.testapp.jobs.raise_system_exit": "builtins.SystemExit",
+        "tests.testapp.jobs.raise_keyboard_interrupt": "builtins.KeyboardInterrupt",
+    }
+    # The job's KeyboardInterrupt is not a signal: the worker neither stops nor counts a signal.
+    assert "stopping" not in process.output()
+    process.signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0, process.output()
