@@ -189,6 +189,8 @@ class Worker:
     def reserve(self) -> Job | None:
         """Claim the next job; on a database error, log, wait and return None."""
         try:
+            if self._reserve_errors:
+                self._release_lost_claims()
             jobs = Job.objects.reserve_many(
                 self.options.queues, limit=1, worker_id=self.worker_id,
                 default_tries=self.options.defaults.tries,
@@ -199,6 +201,18 @@ class Worker:
             return None
         self._reserve_errors = 0
         return jobs[0] if jobs else None
+
+    def _release_lost_claims(self) -> None:
+        """Give back rows reserved in this worker's name by a claim whose reply was lost.
+
+        The claim's commit can reach the server while the connection drops before
+        the reply does; between jobs this worker holds nothing, so such a row would
+        otherwise wait out its retry_after.
+        """
+        for job in Job.objects.reserved().filter(reserved_by=self.worker_id):
+            if Job.objects.release(job):
+                logger.warning("released job=%s id=%s attempt=%s: its claim committed but the reply was lost",
+                               job.name, job.pk, job.attempts)
 
     def process(self, job: Job) -> Outcome:
         """Run a reserved job and record its outcome under a heartbeat, then send signals and log."""
@@ -239,15 +253,23 @@ class Worker:
         failed_job = None
         follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
 
+        tries = 0
+
         def store() -> bool:
-            nonlocal failed_job
+            nonlocal failed_job, tries
+            tries += 1
             if outcome.status == "succeeded":
-                return Job.objects.delete_reserved(job, follow_ups=follow_ups)
-            if outcome.status == "released":
-                return Job.objects.release(job, delay=outcome.delay)
-            failed_job = Job.objects.fail(job, error=outcome.error, exception_class=outcome.exception_class,
-                                          follow_ups=follow_ups)
-            return failed_job is not None
+                stored = Job.objects.delete_reserved(job, follow_ups=follow_ups)
+            elif outcome.status == "released":
+                stored = Job.objects.release(job, delay=outcome.delay)
+            else:
+                failed_job = Job.objects.fail(job, error=outcome.error, exception_class=outcome.exception_class,
+                                              follow_ups=follow_ups)
+                stored = failed_job is not None
+            if not stored and tries > 1:
+                # The try that lost its connection may have committed before the reply was lost.
+                stored, failed_job = _stored_by_earlier_try(job, outcome)
+            return stored
 
         return self._retry_database(store, "record"), failed_job
 
@@ -346,6 +368,25 @@ class Worker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+def _stored_by_earlier_try(job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:
+    """Tell whether a try whose connection dropped had stored ``outcome`` after all.
+
+    A compare-and-set that matches nothing on the next try means that, or that the
+    reservation expired and another worker took the job. A failure is told apart
+    exactly (FailedJob keeps the reservation's attempts). A row that is gone, or
+    that another worker reserved after its release, counts as stored by us: the
+    heartbeat runs until the outcome is stored, so this worker's reservation did
+    not expire meanwhile.
+    """
+    if outcome.status == "failed":
+        failed_job = FailedJob.objects.filter(job_id=job.pk, attempts=job.attempts).first()
+        return failed_job is not None, failed_job
+    attempts = Job.objects.filter(pk=job.pk).values_list("attempts", flat=True).first()
+    if outcome.status == "succeeded":
+        return attempts is None, None
+    return attempts is None or attempts > job.attempts, None
 
 
 def _send(signal_: Any, **kwargs: Any) -> None:

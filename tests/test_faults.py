@@ -6,16 +6,24 @@ Every test bounds its waits; every process is killed at teardown.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import re
+import shutil
 import signal
+import subprocess
 import time
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
+from django.db import DatabaseError, connection
 from django.db.models.functions import Now
 
+from django_dbqueue import chain, enqueue_many
 from django_dbqueue.models import FailedJob, Job
-from tests.conftest import wait_until
+from tests.conftest import children_of, wait_until
 from tests.testapp import jobs
-from tests.testapp.models import Attempt, Run
+from tests.testapp.models import Attempt, Order, Run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance]
 
@@ -140,3 +148,173 @@ def test_system_exit_and_keyboard_interrupt_from_a_job_do_not_end_a_worker_proce
     assert "stopping" not in process.output()
     process.signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0, process.output()
+
+
+# -- the database goes away: a restarted server, killed connections ----------------------------
+
+# One log line per job outcome (see "Running workers" in the README).
+OUTCOME = re.compile(r"job=(?P<name>\S+) id=(?P<id>\d+) queue=\S+ attempt=(?P<attempt>\d+) "
+                     r"outcome=(?P<outcome>\w+) duration=\S+(?: retry_in=\S+)?(?: error=(?P<error>\S+))?")
+CONNECTION_ERRORS = {"django.db.utils.OperationalError", "django.db.utils.InterfaceError"}
+INTEGRITY_ERROR = "django.db.utils.IntegrityError"
+
+
+def assert_each_job_ran_once(expected_keys: set[str], logs: str) -> dict[str, int]:
+    """Check the rule for a drain through database faults; return counts for the report.
+
+    Each job inserts one Run row under a unique key. The rule:
+    - every key has exactly one Run row, and no job is left in the queue;
+    - no reservation was reclaimed or lost and no outcome was given up on: a job never
+      ran twice because of the queue;
+    - a job ran again only after an attempt that ended in a connection error raised by
+      its own query (released with OperationalError or InterfaceError). If that query
+      had committed before the connection dropped (the server committed, the reply was
+      lost), the job's write happened and the rerun meets the unique key: from then on
+      it may be released or failed with IntegrityError, and end in FailedJob. Those
+      jobs, and only those, may be in FailedJob; they are counted as ambiguous commits.
+    """
+    assert set(Run.objects.values_list("key", flat=True)) == expected_keys
+    assert Run.objects.count() == len(expected_keys)
+    assert not Job.objects.exists()
+    failed = {str(row.job_id): row.exception_class for row in FailedJob.objects.all()}
+    attempts: dict[str, list[tuple[int, str, str | None]]] = defaultdict(list)
+    for match in OUTCOME.finditer(logs):
+        attempts[match["id"]].append((int(match["attempt"]), match["outcome"], match["error"]))
+    assert len(attempts) == len(expected_keys), "a job's outcome was never logged"
+    reruns = ambiguous = 0
+    for job_id, seen in attempts.items():
+        seen.sort()
+        numbers = [attempt for attempt, _o, _e in seen]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), (job_id, seen)
+        *earlier, (_attempt, last, last_error) = seen
+        broke = False
+        for _attempt, outcome, error in earlier:
+            assert outcome == "released", (job_id, seen)
+            assert error in CONNECTION_ERRORS or (broke and error == INTEGRITY_ERROR), (job_id, seen)
+            broke = broke or error in CONNECTION_ERRORS
+        if last == "succeeded":
+            assert job_id not in failed, (job_id, seen)
+        else:
+            assert (last, last_error, failed.get(job_id)) == ("failed", INTEGRITY_ERROR, INTEGRITY_ERROR), seen
+            assert broke, (job_id, seen)
+            ambiguous += 1
+        reruns += len(seen) - 1
+    assert len(failed) == ambiguous
+    for line in ("reclaimed", "reservation lost", "giving up", "crashed", "Traceback"):
+        assert line not in logs, f"{line!r} in the workers' logs"
+    return {"jobs": len(attempts), "reruns": reruns, "ambiguous_commits": ambiguous,
+            "db_errors": logs.count("connection_lost=True"),
+            "record_errors": logs.count("database error during record")}
+
+
+def postgres_version() -> str | None:
+    root = Path("/etc/postgresql")
+    versions = sorted(entry.name for entry in root.iterdir()) if root.is_dir() else []
+    return versions[-1] if versions else None
+
+
+def restart_postgres() -> float:
+    """Restart the local cluster (fast shutdown: every session ends); return the seconds it took."""
+    started = time.monotonic()
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", str(postgres_version()), "main", "restart"],
+                   check=True, timeout=120, capture_output=True)
+    # This process's connection died with the server: the next query opens a new one.
+    connection.close()
+    return time.monotonic() - started
+
+
+def can_restart_postgres() -> tuple[bool, str]:
+    if connection.vendor != "postgresql":
+        return False, "restarts a PostgreSQL server"
+    if not os.environ.get("DBQUEUE_TEST_RESTART_POSTGRES"):
+        return False, ("restarting PostgreSQL ends every session on the server, other test runs included; "
+                       "set DBQUEUE_TEST_RESTART_POSTGRES=1 where the server is this run's alone (CI)")
+    if not shutil.which("pg_ctlcluster") or postgres_version() is None:
+        return False, "needs a local Debian PostgreSQL cluster (pg_ctlcluster)"
+    return True, ""
+
+
+def test_four_workers_drain_5000_jobs_through_postgresql_restarts(worker_process):
+    runnable, reason = can_restart_postgres()
+    if not runnable:
+        pytest.skip(reason)
+    total = 5000
+    enqueue_many(jobs.record.bind(f"r{i}") for i in range(total))
+    process = worker_process("--concurrency", "4", "--sleep", "0.05")
+    wait_until(lambda: len(children_of(process.pid)) == 4, 30, f"the workers never started:\n{process.output()}")
+    workers = set(children_of(process.pid))
+    downtime = []
+    for share in (0.2, 0.5):
+        wait_until(lambda share=share: Run.objects.count() >= total * share, 120,
+                   f"the workers stopped draining:\n{process.output()[-3000:]}")
+        downtime.append(restart_postgres())
+        assert Job.objects.exists(), "the queue drained before the restart: enqueue more jobs"
+    wait_until(lambda: not Job.objects.exists(), 240, f"jobs were stranded:\n{process.output()[-3000:]}")
+    # The same four processes: none died and was replaced, none ended its loop quietly.
+    assert set(children_of(process.pid)) == workers and all(_alive(pid) for pid in workers), process.output()
+    process.signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, process.output()[-3000:]
+    counts = assert_each_job_ran_once({f"r{i}" for i in range(total)}, process.output())
+    assert counts["db_errors"] >= 4, "the workers never noticed the restarts"
+    print(f"restarts took {', '.join(f'{d:.1f}' for d in downtime)} s; {counts}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def terminate_worker_connections() -> int:
+    """End every other session on the test database; return how many."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int(cursor.fetchone()[0])
+        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+        ids = [row[0] for row in cursor.fetchall()]
+        for session in ids:
+            try:
+                cursor.execute("KILL %s", [session])
+            except DatabaseError as exc:  # the session may have ended by itself meanwhile
+                if "Unknown thread id" not in str(exc):
+                    raise
+        return len(ids)
+
+
+@pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'",
+                    reason="SQLite has no server connection to kill")
+def test_workers_drain_every_job_once_while_their_connections_are_killed_again_and_again(worker_process):
+    orders = Order.objects.bulk_create([Order(number=f"K-{i}") for i in range(100)])
+    enqueue_many(
+        [jobs.record.bind(f"r{i}") for i in range(2000)]
+        + [jobs.touch_order.bind(order) for order in orders]
+    )
+    for i in range(50):
+        chain(jobs.step.bind(f"c{i}", 1), jobs.step.bind(f"c{i}", 2), jobs.step.bind(f"c{i}", 3)).enqueue()
+    expected = ({f"r{i}" for i in range(2000)} | {f"order-{order.pk}" for order in orders}
+                | {f"c{i}-{n}" for i in range(50) for n in (1, 2, 3)})
+    workers = [worker_process("--sleep", "0.05") for _ in range(4)]
+    wait_until(lambda: Run.objects.count() >= 200, 60, f"the workers never started:\n{workers[0].output()}")
+    kills, rounds, until = 0, 0, time.monotonic() + 8
+    while time.monotonic() < until:
+        kills += terminate_worker_connections()
+        rounds += 1
+        time.sleep(0.3)
+    assert Job.objects.exists(), "the queue drained before the kills ended: enqueue more jobs"
+    wait_until(lambda: not Job.objects.exists(), 240, f"jobs were stranded:\n{workers[0].output()[-3000:]}")
+    for process in workers:
+        assert process.process.poll() is None, f"a worker loop ended:\n{process.output()[-3000:]}"
+        assert "connection_lost=True" in process.output()
+    for process in workers:
+        process.signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, process.output()[-3000:]
+    counts = assert_each_job_ran_once(expected, "".join(process.output() for process in workers))
+    # Some kills landed while a worker was storing an outcome; it was stored once the connection was back.
+    assert counts["record_errors"] >= 1, counts
+    print(f"{kills} sessions killed in {rounds} rounds; {counts}")
