@@ -150,6 +150,28 @@ def test_system_exit_and_keyboard_interrupt_from_a_job_do_not_end_a_worker_proce
     assert process.wait(timeout=30) == 0, process.output()
 
 
+# -- memory -------------------------------------------------------------------------------------
+
+
+def test_a_job_leaking_past_the_memory_limit_restarts_its_process_and_loses_no_job(worker_process):
+    # tests/test_acceptance.py recycles after every job (--memory 1); here one real leak
+    # crosses a limit the other jobs stay under, mid-queue.
+    enqueue_many(jobs.record.bind(f"before-{i}") for i in range(20))
+    jobs.leak.enqueue("leak", 200)
+    enqueue_many(jobs.record.bind(f"after-{i}") for i in range(20))
+    process = worker_process("--concurrency", "1", "--memory", "150", "--stop-when-empty", "--sleep", "0.05")
+    assert process.wait(timeout=120) == 0, process.output()
+    output = process.output()
+    assert output.count("memory limit reached") == 1 and output.count("worker process recycled") == 1, output
+    pids = dict(Run.objects.values_list("key", "pid"))
+    assert len(pids) == 41
+    before = {pids[f"before-{i}"] for i in range(20)}
+    after = {pids[f"after-{i}"] for i in range(20)}
+    # The leaking job ran to the end and was recorded in the old process; the rest in the new one.
+    assert before == {pids["leak"]} and len(after) == 1 and after != before
+    assert not Job.objects.exists() and not FailedJob.objects.exists()
+
+
 # -- the database goes away: a restarted server, killed connections ----------------------------
 
 # One log line per job outcome (see "Running workers" in the README).

@@ -155,3 +155,12 @@ def long_running(context: JobContext, key: str, seconds: float) -> None:
     time.sleep(seconds)
     Run.objects.create(key=key, pid=os.getpid())
 
+
+_leaked: list[bytes] = []
+
+
+@job
+def leak(key: str, megabytes: int) -> None:
+    """Keeps ``megabytes`` of memory for the life of its process, as a leaking job would."""
+    _leaked.append(b"\x01" * (megabytes * 1024 * 1024))
+    Run.objects.create(key=key, pid=os.getpid())
