@@ -30,8 +30,12 @@ class Listener:
 
     @staticmethod
     def supported() -> bool:
-        connection = connections[alias()]
-        return connection.vendor == "postgresql" and getattr(connection, "is_psycopg3", False)
+        """PostgreSQL through psycopg 3 (psycopg2's connection has no ``pgconn``)."""
+        if connections[alias()].vendor != "postgresql":
+            return False
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        return bool(is_psycopg3)
 
     def fileno(self) -> int | None:
         """The socket to wait on, LISTENing first if this connection does not yet; None if not possible."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import logging
@@ -18,13 +19,14 @@ from datetime import datetime
 from types import FrameType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from . import chains, conf, progress, signals
-from .db import drop_connection, is_connection_error
+from .db import alias, drop_connection, is_connection_error
 from .exceptions import WorkerStopped
 from .execution import Defaults, Outcome, execute
 from .heartbeat import Heartbeat
+from .listener import Listener
 from .models import FailedJob, Job
 from .operations import restart_marker
 
@@ -64,6 +66,8 @@ class WorkerOptions:
     memory: int | None = None
     stop_when_empty: bool = False
     once: bool = False
+    # Jobs claimed per round trip; the ones not yet running wait in this worker.
+    batch: int = 1
     # Set by a supervisor: stop when this process is no longer our parent.
     parent_pid: int | None = None
 
@@ -99,6 +103,9 @@ class Worker:
         self._pruned = -PRUNE_INTERVAL
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        # Claimed in a batch and not run yet, with the monotonic time of the claim.
+        self._prefetched: collections.deque[tuple[Job, float]] = collections.deque()
+        self._listener = Listener() if Listener.supported() else None
 
     # -- the loop ------------------------------------------------------------
 
@@ -112,6 +119,7 @@ class Worker:
             try:
                 reason = self._loop(started)
             finally:
+                self._release_prefetched()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
         logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason.value, self.processed)
@@ -123,7 +131,7 @@ class Worker:
             reason = self._stop_reason(started)
             if reason is not None:
                 return reason
-            job = self.reserve()
+            job = self._next_job()
             if job is None:
                 if self.stop_requested:
                     return StopReason.SIGNAL
@@ -132,7 +140,7 @@ class Worker:
                 if options.stop_when_empty:
                     return StopReason.EMPTY
                 self._prune_progress()
-                self.wait(options.sleep)
+                self.wait(options.sleep, listen=True)
                 continue
             self.process(job)
             if options.once:
@@ -186,21 +194,53 @@ class Worker:
 
     # -- steps -----------------------------------------------------------------
 
-    def reserve(self) -> Job | None:
-        """Claim the next job; on a database error, log, wait and return None."""
+    def _next_job(self) -> Job | None:
+        """The next prefetched job still safely ours, else a fresh claim of up to ``batch`` jobs."""
+        while self._prefetched:
+            job, claimed = self._prefetched.popleft()
+            # No heartbeat covers a prefetched job: run it only well inside its
+            # retry_after, so it cannot have been reclaimed by another worker.
+            if time.monotonic() - claimed < job.retry_after / 2:
+                return job
+            self._give_back(job)
+        options = self.options
+        limit = 1 if options.once else options.batch
+        if options.max_jobs is not None:
+            limit = max(1, min(limit, options.max_jobs - self.processed))
+        jobs = self.reserve(limit)
+        if not jobs:
+            return None
+        claimed = time.monotonic()
+        self._prefetched.extend((job, claimed) for job in jobs[1:])
+        return jobs[0]
+
+    def reserve(self, limit: int = 1) -> list[Job]:
+        """Claim up to ``limit`` jobs; on a database error, log, wait and return none."""
         try:
             if self._reserve_errors:
                 self._release_lost_claims()
             jobs = Job.objects.reserve_many(
-                self.options.queues, limit=1, worker_id=self.worker_id,
+                self.options.queues, limit=limit, worker_id=self.worker_id,
                 default_tries=self.options.defaults.tries,
             )
         except DatabaseError as exc:
             self._database_trouble(exc, "reserve", attempt=self._reserve_errors)
             self._reserve_errors += 1
-            return None
+            return []
         self._reserve_errors = 0
-        return jobs[0] if jobs else None
+        return jobs
+
+    def _give_back(self, job: Job) -> None:
+        """Release a claimed job this worker will not run (its attempt stays counted)."""
+        try:
+            Job.objects.release(job)
+        except DatabaseError as exc:
+            logger.warning("could not release job=%s id=%s: %s; it is reclaimed after retry_after",
+                           job.name, job.pk, exc)
+
+    def _release_prefetched(self) -> None:
+        while self._prefetched:
+            self._give_back(self._prefetched.popleft()[0])
 
     def _release_lost_claims(self) -> None:
         """Give back rows reserved in this worker's name by a claim whose reply was lost.
@@ -312,24 +352,34 @@ class Worker:
                     return None
 
     def _database_trouble(self, exc: DatabaseError, what: str, attempt: int) -> bool:
-        lost = is_connection_error(exc)
+        connection_error = is_connection_error(exc)
         # A fresh connection costs little on this path and clears any broken state.
         drop_connection()
+        # Retried without end only while the server cannot be reached. A query the
+        # database refuses (a missing column: SQLite says OperationalError too) is not.
+        lost = connection_error and not _database_reachable()
         delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
-        logger.warning("database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",
-                       what, self.worker_id, lost, delay, exc)
+        logger.warning("database error during %s worker_id=%s connection_lost=%s reachable=%s retry_in=%ss: %s",
+                       what, self.worker_id, connection_error, not lost, delay, exc)
         # Not cut short by a first stop signal: recording the current outcome is
         # part of finishing the current job.
         self.wait(delay, until_stop=False)
         return lost
 
-    def wait(self, seconds: float, *, until_stop: bool = True) -> None:
-        """Sleep up to ``seconds``; a stop signal wakes the worker at once."""
+    def wait(self, seconds: float, *, until_stop: bool = True, listen: bool = False) -> None:
+        """Sleep up to ``seconds``; a stop signal wakes the worker at once, and with
+        ``listen`` so does a new job (PostgreSQL NOTIFY)."""
         if seconds <= 0 or (until_stop and self.stop_requested):
             return
-        ready, _, _ = select.select([self._wake_r], [], [], seconds)
-        if ready:
+        waiting_on = [self._wake_r]
+        listen_fd = self._listener.fileno() if listen and self._listener is not None else None
+        if listen_fd is not None:
+            waiting_on.append(listen_fd)
+        ready, _, _ = select.select(waiting_on, [], [], seconds)
+        if self._wake_r in ready:
             os.read(self._wake_r, 64)
+        if listen_fd is not None and listen_fd in ready and self._listener is not None:
+            self._listener.drain()
 
     # -- signals ---------------------------------------------------------------
 
@@ -368,6 +418,16 @@ class Worker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+def _database_reachable() -> bool:
+    """Tell whether a fresh connection to the queue's database works."""
+    connection = connections[alias()]
+    try:
+        connection.ensure_connection()
+        return bool(connection.is_usable())
+    except DatabaseError:
+        return False
 
 
 def _stored_by_earlier_try(job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:

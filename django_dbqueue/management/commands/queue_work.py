@@ -49,6 +49,9 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Process at most one job, then stop.")
         parser.add_argument("--rest", type=number(float, 0, "seconds"), default=0.0,
                             help="Seconds to rest after each job (default: 0).")
+        parser.add_argument("--batch", type=number(int, 1, "a whole number"), default=1,
+                            help="Jobs to claim per round trip when the queue is busy; the ones not yet "
+                                 "running wait in this worker (default: 1).")
         parser.add_argument("--concurrency", type=number(int, 1, "a whole number"), default=None,
                             help="Run N worker processes under a supervisor that restarts any that "
                                  "die (default: one worker in this process).")
@@ -77,6 +80,7 @@ class Command(BaseCommand):
             memory=options["memory"],
             stop_when_empty=options["stop_when_empty"],
             once=options["once"],
+            batch=options["batch"],
         )
         if options["concurrency"]:
             if options["once"]:
