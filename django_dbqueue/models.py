@@ -16,13 +16,16 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import F, Q
 
 from . import conf
 from .db import DbNow, alias, claims_with_skip_locked
 
 logger = logging.getLogger("django_dbqueue")
+
+# Rows inserted at once after which PostgreSQL re-analyzes the job table.
+ANALYZE_AFTER = 1000
 
 # Annotation that reads the database's clock into ``Job.db_now``; passed as a
 # dict so the type checker keeps the attribute declared on the model.
@@ -320,8 +323,19 @@ class JobManager(models.Manager["Job"]):
     # -- enqueue -----------------------------------------------------------
 
     def bulk_enqueue(self, jobs: Iterable[Job], *, batch_size: int = 1000) -> list[Job]:
-        """Insert many jobs, one statement per ``batch_size`` rows."""
-        return self.get_queryset().bulk_create(list(jobs), batch_size=batch_size)
+        """Insert many jobs, one statement per ``batch_size`` rows.
+
+        On PostgreSQL a large insert is followed by ANALYZE: planned with the
+        statistics of a nearly empty table, the claim would sort the whole
+        queue instead of reading its index in order.
+        """
+        queryset = self.get_queryset()
+        rows = queryset.bulk_create(list(jobs), batch_size=batch_size)
+        connection = connections[queryset.db]
+        if len(rows) >= ANALYZE_AFTER and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(f"ANALYZE {connection.ops.quote_name(self.model._meta.db_table)}")
+        return rows
 
 
 def _failure_follow_ups(job: Job) -> list[Job]:
