@@ -35,23 +35,37 @@ def claims_with_skip_locked(using: str | None = None) -> bool:
     return bool(connections[using or alias()].features.has_select_for_update_skip_locked)
 
 
-def is_connection_error(exc: BaseException, using: str | None = None) -> bool:
-    """Tell whether ``exc`` may mean the connection is gone rather than a bad query.
+# MySQL/MariaDB errors that mean the session is gone or could not be opened:
+# server shutdown, too many connections, aborted or killed connection, network
+# read/write interrupted, cannot connect, server gone away, lost connection.
+MYSQL_CONNECTION_ERRORS = frozenset({1040, 1053, 1152, 1159, 1161, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
 
-    Drivers report a killed session or a restarted server as OperationalError
-    or InterfaceError, sometimes while still calling the connection idle.
+
+def is_connection_error(exc: BaseException, using: str | None = None) -> bool:
+    """Tell whether ``exc`` means the session with the server broke, not that the database refused a query.
+
+    Asked of the driver's error: after an error inside ``atomic`` Django has
+    already replaced a broken connection by a fresh one. SQLite has no session
+    to lose (it reports a missing column as OperationalError); MySQL reports an
+    unknown column as OperationalError too.
     """
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        return True
-    if not isinstance(exc, DatabaseError):
+    if not isinstance(exc, (OperationalError, InterfaceError)):
         return False
-    connection = connections[using or alias()]
-    if connection.connection is None:
+    vendor = connections[using or alias()].vendor
+    if vendor == "sqlite":
+        return False
+    if isinstance(exc, InterfaceError):
         return True
-    try:
-        return not connection.is_usable()
-    except Exception:  # noqa: BLE001 - any failure here means unusable
-        return True
+    cause = exc.__cause__
+    if vendor == "postgresql":
+        # Client-side errors have no SQLSTATE; 08: connection exception; 57P: the
+        # server ended the session (terminated, shutting down, starting up).
+        sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        return sqlstate is None or sqlstate.startswith(("08", "57P"))
+    if vendor == "mysql":
+        code = cause.args[0] if cause is not None and cause.args else None
+        return code in MYSQL_CONNECTION_ERRORS
+    return True
 
 
 def drop_connection(using: str | None = None) -> None:

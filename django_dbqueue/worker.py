@@ -19,10 +19,10 @@ from datetime import datetime
 from types import FrameType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from . import chains, conf, progress, signals
-from .db import alias, drop_connection, is_connection_error
+from .db import drop_connection, is_connection_error
 from .exceptions import WorkerStopped
 from .execution import Defaults, Outcome, execute
 from .heartbeat import Heartbeat
@@ -98,6 +98,8 @@ class Worker:
         self.in_job = False
         self._signals = 0
         self._reserve_errors = 0
+        # Jobs that ran but whose outcome this worker gave up storing.
+        self._unrecorded: set[int] = set()
         self._restart_seen: datetime | None = None
         self._restart_checked = 0.0
         self._pruned = -PRUNE_INTERVAL
@@ -247,9 +249,11 @@ class Worker:
 
         The claim's commit can reach the server while the connection drops before
         the reply does; between jobs this worker holds nothing, so such a row would
-        otherwise wait out its retry_after.
+        otherwise wait out its retry_after. A job that ran but whose outcome could
+        not be stored is left alone: it is reclaimed after its retry_after.
         """
-        for job in Job.objects.reserved().filter(reserved_by=self.worker_id):
+        held = Job.objects.reserved().filter(reserved_by=self.worker_id).exclude(pk__in=self._unrecorded)
+        for job in held:
             if Job.objects.release(job):
                 logger.warning("released job=%s id=%s attempt=%s: its claim committed but the reply was lost",
                                job.name, job.pk, job.attempts)
@@ -272,6 +276,8 @@ class Worker:
             f" retry_in={outcome.delay:g}s" if outcome.status == "released" else "",
             f" error={outcome.exception_class}" if outcome.exception is not None else "",
         )
+        if stored is None:
+            self._unrecorded.add(job.pk)
         if stored is False:
             logger.warning("reservation lost job=%s id=%s attempt=%s: another worker holds it, outcome not recorded",
                            job.name, job.pk, job.attempts)
@@ -352,15 +358,17 @@ class Worker:
                     return None
 
     def _database_trouble(self, exc: DatabaseError, what: str, attempt: int) -> bool:
-        connection_error = is_connection_error(exc)
+        # Retried without end only while the session is what broke (a killed
+        # session, a restarted server); a query the database refuses (a missing
+        # column: SQLite says OperationalError too) is not. Told by the error, not
+        # by a probe: a connection opened to probe the server would sit idle
+        # through the wait below and could be killed as well.
+        lost = is_connection_error(exc)
         # A fresh connection costs little on this path and clears any broken state.
         drop_connection()
-        # Retried without end only while the server cannot be reached. A query the
-        # database refuses (a missing column: SQLite says OperationalError too) is not.
-        lost = connection_error and not _database_reachable()
         delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
-        logger.warning("database error during %s worker_id=%s connection_lost=%s reachable=%s retry_in=%ss: %s",
-                       what, self.worker_id, connection_error, not lost, delay, exc)
+        logger.warning("database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",
+                       what, self.worker_id, lost, delay, exc)
         # Not cut short by a first stop signal: recording the current outcome is
         # part of finishing the current job.
         self.wait(delay, until_stop=False)
@@ -418,16 +426,6 @@ class Worker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-
-
-def _database_reachable() -> bool:
-    """Tell whether a fresh connection to the queue's database works."""
-    connection = connections[alias()]
-    try:
-        connection.ensure_connection()
-        return bool(connection.is_usable())
-    except DatabaseError:
-        return False
 
 
 def _stored_by_earlier_try(job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:

@@ -13,14 +13,18 @@ import signal
 import subprocess
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models.functions import Now
 
 from django_dbqueue import chain, enqueue_many
+from django_dbqueue.db import is_connection_error
+from django_dbqueue.execution import Defaults
 from django_dbqueue.models import FailedJob, Job
+from django_dbqueue.worker import Worker, WorkerOptions
 from tests.conftest import children_of, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Order, Run
@@ -340,3 +344,51 @@ def test_workers_drain_every_job_once_while_their_connections_are_killed_again_a
     # Some kills landed while a worker was storing an outcome; it was stored once the connection was back.
     assert counts["record_errors"] >= 1, counts
     print(f"{kills} sessions killed in {rounds} rounds; {counts}")
+
+
+# -- telling a lost connection from a refused query ---------------------------------------------
+
+
+def test_a_query_the_database_refuses_is_not_taken_for_a_lost_connection():
+    with pytest.raises(DatabaseError) as refused, connection.cursor() as cursor:
+        cursor.execute("SELECT no_such_column FROM dbqueue_job")
+    # SQLite says OperationalError here, as for a lost connection: the connection itself tells.
+    assert not is_connection_error(refused.value)
+
+
+@pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'",
+                    reason="SQLite has no server connection to kill")
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_a_killed_session_is_taken_for_a_lost_connection(in_transaction):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        session = cursor.fetchone()[0]
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+            else:
+                cursor.execute("KILL %s", [session])
+    finally:
+        other.close()
+    # Inside atomic, Django replaces the broken connection by a fresh one on the way out.
+    block = transaction.atomic() if in_transaction else nullcontext()
+    with pytest.raises(DatabaseError) as lost, block, connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    assert is_connection_error(lost.value)
+    connection.close()
+
+
+def test_after_a_failed_reserve_a_worker_releases_its_lost_claims_but_not_a_job_it_could_not_record():
+    lost_claim = jobs.record.enqueue("lost-claim")
+    unrecorded = jobs.record.enqueue("unrecorded")
+    worker = Worker(WorkerOptions(queues=["elsewhere"], defaults=Defaults(tries=3, timeout=30, backoff=0)))
+    Job.objects.filter(pk__in=[lost_claim.pk, unrecorded.pk]).update(
+        attempts=1, reserved_at=Now(), reserved_by=worker.worker_id)
+    worker._unrecorded.add(unrecorded.pk)
+    worker._reserve_errors = 1
+    assert worker.reserve() == []
+    assert Job.objects.get(pk=lost_claim.pk).reserved_at is None
+    # It ran: leaving it to its retry_after, as the "giving up" log line says.
+    assert Job.objects.get(pk=unrecorded.pk).reserved_at is not None
