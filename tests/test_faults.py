@@ -315,7 +315,8 @@ def terminate_worker_connections() -> int:
 
 @pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'",
                     reason="SQLite has no server connection to kill")
-def test_workers_drain_every_job_once_while_their_connections_are_killed_again_and_again(worker_process):
+@pytest.mark.parametrize("batch", [1, 4])
+def test_workers_drain_every_job_once_while_their_connections_are_killed_again_and_again(worker_process, batch):
     orders = Order.objects.bulk_create([Order(number=f"K-{i}") for i in range(100)])
     enqueue_many(
         [jobs.record.bind(f"r{i}") for i in range(2000)]
@@ -325,7 +326,7 @@ def test_workers_drain_every_job_once_while_their_connections_are_killed_again_a
         chain(jobs.step.bind(f"c{i}", 1), jobs.step.bind(f"c{i}", 2), jobs.step.bind(f"c{i}", 3)).enqueue()
     expected = ({f"r{i}" for i in range(2000)} | {f"order-{order.pk}" for order in orders}
                 | {f"c{i}-{n}" for i in range(50) for n in (1, 2, 3)})
-    workers = [worker_process("--sleep", "0.05") for _ in range(4)]
+    workers = [worker_process("--sleep", "0.05", "--batch", str(batch)) for _ in range(4)]
     wait_until(lambda: Run.objects.count() >= 200, 60, f"the workers never started:\n{workers[0].output()}")
     kills, rounds, until = 0, 0, time.monotonic() + 8
     while time.monotonic() < until:
