@@ -208,3 +208,13 @@ def test_memory_limit_stops_the_worker_after_a_job():
     jobs.record.enqueue("m2")
     worker, reason = run_worker(memory=1)
     assert (reason, worker.processed, Job.objects.count()) == (StopReason.MEMORY, 1, 1)
+
+
+def test_a_wrong_statement_is_not_taken_for_a_lost_connection():
+    from django.db import DatabaseError, connection
+
+    from django_dbqueue.db import is_connection_error
+
+    with pytest.raises(DatabaseError) as info, connection.cursor() as cursor:
+        cursor.execute("SELECT no_such_column FROM dbqueue_job")
+    assert not is_connection_error(info.value)
