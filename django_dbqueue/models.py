@@ -223,7 +223,7 @@ class JobManager(models.Manager["Job"]):
                 return None
             if follow_ups:
                 self.bulk_enqueue(follow_ups)
-            return FailedJob.objects.using(queryset.db).create(
+            failed = FailedJob.objects.using(queryset.db).create(
                 job_id=job.pk,
                 queue=job.queue,
                 name=job.name,
@@ -238,6 +238,10 @@ class JobManager(models.Manager["Job"]):
                 created_at=job.created_at,
                 failed_at=DbNow(),
             )
+            if hasattr(failed.failed_at, "resolve_expression"):
+                # Django 5.2 and backends without RETURNING keep the expression.
+                failed.refresh_from_db(fields=["failed_at"])
+            return failed
 
     # -- reclaim -----------------------------------------------------------
 
