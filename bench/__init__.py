@@ -1,0 +1,1 @@
+"""Benchmark suite: django-dbqueue against its peers. Run ``bench/run``."""

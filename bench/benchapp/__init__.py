@@ -1,0 +1,1 @@
+"""The bench app: no-op jobs and a job that records when it started."""

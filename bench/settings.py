@@ -1,0 +1,60 @@
+"""Settings of the django-dbqueue side of the benchmark.
+
+BENCH_DB chooses the database: postgres (default), mysql or sqlite. The
+database is the benchmark's own (``dbqueue_bench``), created and dropped by
+``bench/run``; never a test database.
+"""
+
+import os
+import tempfile
+from typing import Any
+
+BENCH_DB = os.environ.get("BENCH_DB", "postgres")
+NAME = os.environ.get("BENCH_DBNAME", "dbqueue_bench")
+if NAME.startswith("test"):
+    raise RuntimeError("the benchmark never uses a database whose name starts with 'test'")
+
+DATABASES: dict[str, dict[str, Any]]
+if BENCH_DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": NAME,
+            "USER": os.environ.get("BENCH_PGUSER", "postgres"),
+            "HOST": os.environ.get("BENCH_PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("BENCH_PGPORT", "5432"),
+            # Django's default, as in a web project: the worker keeps its
+            # connection whatever this says.
+            "CONN_MAX_AGE": 0,
+        }
+    }
+elif BENCH_DB == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": NAME,
+            "USER": os.environ.get("BENCH_MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("BENCH_MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("BENCH_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("BENCH_MYSQL_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    }
+elif BENCH_DB == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("BENCH_SQLITE_PATH") or os.path.join(tempfile.gettempdir(), f"{NAME}.sqlite3"),
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
+else:
+    raise RuntimeError(f"BENCH_DB must be postgres, mysql or sqlite, not {BENCH_DB!r}")
+
+DEBUG = False
+SECRET_KEY = "bench-only"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django_dbqueue", "bench.benchapp"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DBQUEUE: dict[str, Any] = {}
