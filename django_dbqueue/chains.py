@@ -136,7 +136,7 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
             return [build_row(next_steps[0], next_steps=next_steps[1:], then=data.get("then") or [],
                               on_failure=data.get("on_failure"), chain=step_info)]
         return [build_row(step) for step in data.get("then") or []]
-    except (ValueError, KeyError, TypeError, PayloadError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
         # The job itself ran; a malformed follow-up must not undo that.
         logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)
         return []

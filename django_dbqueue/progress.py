@@ -163,7 +163,11 @@ class Tracker:
     def failed(self, error: str) -> None:
         self.flush()
         if self.chain or self.reported:
-            current = get_progress(self.key)
+            try:
+                current = get_progress(self.key)
+            except DatabaseError as exc:
+                logger.warning("progress not read key=%s: %s", self.key, exc)
+                current = None
             at = current["percent"] if current else 0
             set_progress(self.key, at, "failed", failed=True, error=_first_line(error))
 
