@@ -33,6 +33,7 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "SLEEP": ("a number >= 0 (seconds)", lambda v: _number(v, minimum=0)),
     "AUTODISCOVER": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
+    "RESULT_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
 }
 assert set(VALIDATORS) == set(conf.DEFAULTS)
 

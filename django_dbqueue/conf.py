@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     # Hours after which idle workers delete progress rows; None keeps them
     # (prune with ``queue_prune_progress``).
     "PROGRESS_MAX_AGE": None,
+    # Hours after which idle workers delete finished django.tasks results; None
+    # keeps them (prune with ``queue_prune_results``).
+    "RESULT_MAX_AGE": None,
 }
 
 

@@ -174,18 +174,23 @@ class Worker:
         return None
 
     def _prune_progress(self) -> None:
-        """Delete old progress rows now and then, when idle, if DBQUEUE["PROGRESS_MAX_AGE"] says so."""
-        max_age = conf.get("PROGRESS_MAX_AGE")
-        if max_age is None or time.monotonic() - self._pruned < PRUNE_INTERVAL:
+        """Delete old progress rows and task results now and then, when idle, if
+        DBQUEUE["PROGRESS_MAX_AGE"] or DBQUEUE["RESULT_MAX_AGE"] say so."""
+        if time.monotonic() - self._pruned < PRUNE_INTERVAL:
             return
         self._pruned = time.monotonic()
-        try:
-            count = progress.prune(float(max_age))
-        except DatabaseError as exc:
-            logger.warning("progress prune failed: %s", exc)
-            return
-        if count:
-            logger.info("pruned progress rows=%s older_than_hours=%s", count, max_age)
+        for setting, what, prune in (("PROGRESS_MAX_AGE", "progress rows", progress.prune),
+                                     ("RESULT_MAX_AGE", "task results", _prune_results)):
+            max_age = conf.get(setting)
+            if max_age is None:
+                continue
+            try:
+                count = prune(float(max_age))
+            except DatabaseError as exc:
+                logger.warning("prune of %s failed: %s", what, exc)
+                continue
+            if count:
+                logger.info("pruned %s=%s older_than_hours=%s", what.replace(" ", "_"), count, max_age)
 
     def _read_restart_marker(self) -> datetime | None:
         try:
@@ -426,6 +431,17 @@ class Worker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+def _prune_results(hours: float) -> int:
+    """Delete old django.tasks results (Django 6 only; there are none before)."""
+    import django
+
+    if django.VERSION < (6, 0):
+        return 0
+    from .tasks import prune_results
+
+    return prune_results(hours)
 
 
 def _stored_by_earlier_try(job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:

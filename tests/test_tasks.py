@@ -242,3 +242,16 @@ def test_get_result_from_another_process_sees_running_then_successful(worker_pro
     assert default_task_backend.get_result(result.id).return_value == "slow"
     process.signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
+
+
+def test_an_idle_worker_prunes_old_results_when_configured(settings):
+    from django.db.models import F
+
+    old = tasks.add_numbers.enqueue(1, 2)
+    run_worker()
+    TaskResultRecord.objects.filter(pk=old.id).update(finished_at=F("finished_at") - dt.timedelta(hours=3))
+    fresh = tasks.add_numbers.enqueue(3, 4)
+    run_worker()
+    settings.DBQUEUE = {**settings.DBQUEUE, "RESULT_MAX_AGE": 2}
+    run_worker(max_time=0.3, stop_when_empty=False, sleep=0.05)
+    assert list(TaskResultRecord.objects.values_list("pk", flat=True)) == [fresh.id]
