@@ -322,7 +322,7 @@ class Bench:
         print(f"- {system.label}: {scenario} ...", end=" ", flush=True)
         try:
             value = action()
-        except (Failed, subprocess.TimeoutExpired, OSError, ValueError, KeyError, ImportError) as exc:
+        except Exception as exc:  # noqa: BLE001 - one scenario's failure (a restarted server...) ends only it
             print("failed", flush=True)
             self.note(f"{system.label}, {scenario}: {exc}")
             self.record(system, scenario, {"error": str(exc)})
@@ -610,7 +610,7 @@ def machine() -> dict[str, Any]:
 def versions(systems: list[System]) -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {}
     code = ("import importlib.metadata as m, json, sys\n"
-            "out = {}\n"
+            "out = {'python': sys.version.split()[0]}\n"
             "for name in sys.argv[1:]:\n"
             "    try: out[name] = m.version(name)\n"
             "    except m.PackageNotFoundError: pass\n"
