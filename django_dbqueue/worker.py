@@ -137,6 +137,9 @@ class Worker:
             if job is None:
                 if self.stop_requested:
                     return StopReason.SIGNAL
+                if self._reserve_errors:
+                    # The claim failed (its backoff is waited): not an empty queue.
+                    continue
                 if options.once:
                     return StopReason.ONCE
                 if options.stop_when_empty:

@@ -218,3 +218,23 @@ def test_a_wrong_statement_is_not_taken_for_a_lost_connection():
     with pytest.raises(DatabaseError) as info, connection.cursor() as cursor:
         cursor.execute("SELECT no_such_column FROM dbqueue_job")
     assert not is_connection_error(info.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_claim_is_not_taken_for_an_empty_queue(monkeypatch):
+    from django.db import OperationalError
+
+    real = Job.objects.reserve_many
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(Job.objects, "reserve_many", flaky)
+    jobs.record.enqueue("after-a-failed-claim")
+    worker, reason = run_worker()
+    assert reason is StopReason.EMPTY and worker.processed == 1
+    assert Run.objects.filter(key="after-a-failed-claim").exists()
