@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from django_dbqueue.execution import Defaults
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
@@ -134,3 +134,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> N
             return
         time.sleep(0.05)
     raise AssertionError(message)
+
+
+def kill_other_connections() -> int:
+    """End every other session on the test database, as a server restart would; return how many."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int(cursor.fetchone()[0])
+        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+        ids = [row[0] for row in cursor.fetchall()]
+        for session in ids:
+            try:
+                cursor.execute("KILL %s", [session])
+            except DatabaseError as exc:  # the session may have ended by itself meanwhile
+                if "Unknown thread id" not in str(exc):
+                    raise
+        return len(ids)

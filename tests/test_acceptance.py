@@ -14,7 +14,7 @@ from django.db import connection
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import FailedJob, Job
-from tests.conftest import children_of, wait_until
+from tests.conftest import children_of, kill_other_connections, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Run
 
@@ -149,19 +149,3 @@ def test_a_worker_survives_its_database_connection_being_killed(worker_process):
     assert process.process.poll() is None
     process.signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
-
-
-def kill_other_connections() -> int:
-    """End every other session on the test database, as a server restart would."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return int(cursor.fetchone()[0])
-        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
-        ids = [row[0] for row in cursor.fetchall()]
-        for session in ids:
-            cursor.execute("KILL %s", [session])
-        return len(ids)

@@ -25,7 +25,7 @@ from django_dbqueue.db import is_connection_error
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.worker import Worker, WorkerOptions
-from tests.conftest import children_of, wait_until
+from tests.conftest import children_of, kill_other_connections, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Order, Run
 
@@ -293,26 +293,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def terminate_worker_connections() -> int:
-    """End every other session on the test database; return how many."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return int(cursor.fetchone()[0])
-        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
-        ids = [row[0] for row in cursor.fetchall()]
-        for session in ids:
-            try:
-                cursor.execute("KILL %s", [session])
-            except DatabaseError as exc:  # the session may have ended by itself meanwhile
-                if "Unknown thread id" not in str(exc):
-                    raise
-        return len(ids)
-
-
 @pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'",
                     reason="SQLite has no server connection to kill")
 @pytest.mark.parametrize("batch", [1, 4])
@@ -330,7 +310,7 @@ def test_workers_drain_every_job_once_while_their_connections_are_killed_again_a
     wait_until(lambda: Run.objects.count() >= 200, 60, f"the workers never started:\n{workers[0].output()}")
     kills, rounds, until = 0, 0, time.monotonic() + 8
     while time.monotonic() < until:
-        kills += terminate_worker_connections()
+        kills += kill_other_connections()
         rounds += 1
         time.sleep(0.3)
     assert Job.objects.exists(), "the queue drained before the kills ended: enqueue more jobs"
