@@ -98,9 +98,20 @@ class Config:
 
     @classmethod
     def quick(cls) -> Config:
-        return cls(enqueue_one=200, enqueue_bulk=5000, drain_seconds=1.5, drain_min=200, drain_max=2000,
-                   calibrate_jobs=200, latency_jobs=30, worker_boot=1.5, claim_sizes=(1000, 10_000),
-                   claim_in_front=10_000, claim_iterations=50, profile_jobs=500)
+        return cls(
+            enqueue_one=200,
+            enqueue_bulk=5000,
+            drain_seconds=1.5,
+            drain_min=200,
+            drain_max=2000,
+            calibrate_jobs=200,
+            latency_jobs=30,
+            worker_boot=1.5,
+            claim_sizes=(1000, 10_000),
+            claim_in_front=10_000,
+            claim_iterations=50,
+            profile_jobs=500,
+        )
 
 
 # -- systems -----------------------------------------------------------------------
@@ -135,10 +146,17 @@ def dbqueue_system(key: str, label: str, db: str, sleep: float) -> System:
             argv += ["--stop-when-empty", "--sleep", str(sleep)]
         return argv + extra
 
-    return System(key=key, label=label, python=python, driver="bench.drivers.dbqueue",
-                  env={"DJANGO_SETTINGS_MODULE": "bench.settings", "BENCH_DB": db}, worker=worker,
-                  pg_database="dbqueue_bench" if db == "postgres" else None, supervised=True,
-                  packages=("django-dbqueue", "Django", "psycopg", "mysqlclient"))
+    return System(
+        key=key,
+        label=label,
+        python=python,
+        driver="bench.drivers.dbqueue",
+        env={"DJANGO_SETTINGS_MODULE": "bench.settings", "BENCH_DB": db},
+        worker=worker,
+        pg_database="dbqueue_bench" if db == "postgres" else None,
+        supervised=True,
+        packages=("django-dbqueue", "Django", "psycopg", "mysqlclient"),
+    )
 
 
 def procrastinate_system() -> System:
@@ -147,8 +165,16 @@ def procrastinate_system() -> System:
     def worker(stop: bool, extra: list[str]) -> list[str]:
         return [str(python), "-m", "bench.drivers.peer_procrastinate", "worker", *([] if stop else ["--wait"]), *extra]
 
-    return System(key="procrastinate", label="procrastinate", python=python, driver="bench.drivers.peer_procrastinate",
-                  env={}, worker=worker, pg_database="procrastinate_bench", packages=("procrastinate", "psycopg"))
+    return System(
+        key="procrastinate",
+        label="procrastinate",
+        python=python,
+        driver="bench.drivers.peer_procrastinate",
+        env={},
+        worker=worker,
+        pg_database="procrastinate_bench",
+        packages=("procrastinate", "psycopg"),
+    )
 
 
 def tasksdb_system(conn_max_age: str) -> System:
@@ -161,13 +187,17 @@ def tasksdb_system(conn_max_age: str) -> System:
             argv += ["--batch", "--interval", "0.01", "--no-startup-delay"]
         return argv + extra
 
-    return System(key="tasksdb" if persistent else "tasksdb_conn0",
-                  label="django-tasks-db" if persistent else "django-tasks-db (CONN_MAX_AGE=0)",
-                  python=python, driver="bench.drivers.peer_tasksdb",
-                  env={"DJANGO_SETTINGS_MODULE": "bench.drivers.tasksdb_settings",
-                       "BENCH_TASKSDB_CONN_MAX_AGE": conn_max_age},
-                  worker=worker, pg_database="tasksdb_bench", has_bulk=False,
-                  packages=("django-tasks-db", "Django", "psycopg"))
+    return System(
+        key="tasksdb" if persistent else "tasksdb_conn0",
+        label="django-tasks-db" if persistent else "django-tasks-db (CONN_MAX_AGE=0)",
+        python=python,
+        driver="bench.drivers.peer_tasksdb",
+        env={"DJANGO_SETTINGS_MODULE": "bench.drivers.tasksdb_settings", "BENCH_TASKSDB_CONN_MAX_AGE": conn_max_age},
+        worker=worker,
+        pg_database="tasksdb_bench",
+        has_bulk=False,
+        packages=("django-tasks-db", "Django", "psycopg"),
+    )
 
 
 def pgqueuer_system() -> System:
@@ -176,8 +206,16 @@ def pgqueuer_system() -> System:
     def worker(stop: bool, extra: list[str]) -> list[str]:
         return [str(python), "-m", "bench.drivers.peer_pgqueuer", "worker", *([] if stop else ["--wait"]), *extra]
 
-    return System(key="pgqueuer", label="pgqueuer", python=python, driver="bench.drivers.peer_pgqueuer", env={},
-                  worker=worker, pg_database="pgqueuer_bench", packages=("pgqueuer", "asyncpg"))
+    return System(
+        key="pgqueuer",
+        label="pgqueuer",
+        python=python,
+        driver="bench.drivers.peer_pgqueuer",
+        env={},
+        worker=worker,
+        pg_database="pgqueuer_bench",
+        packages=("pgqueuer", "asyncpg"),
+    )
 
 
 # -- running things ----------------------------------------------------------------------
@@ -197,14 +235,15 @@ def child_env(system: System, **extra: str) -> dict[str, str]:
 def driver(system: System, command: str, *args: str, timeout: float = 600, **env: str) -> dict[str, Any]:
     """Run a driver command in the system's environment; return its result."""
     argv = [str(system.python), "-m", system.driver, command, *args]
-    proc = subprocess.run(argv, cwd=ROOT, env=child_env(system, **env), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        argv, cwd=ROOT, env=child_env(system, **env), capture_output=True, text=True, timeout=timeout, check=False
+    )
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
         raise Failed(f"{system.label}: `{command}` exited {proc.returncode}: {tail}")
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return dict(json.loads(line[len(RESULT_PREFIX):]))
+            return dict(json.loads(line[len(RESULT_PREFIX) :]))
     raise Failed(f"{system.label}: `{command}` printed no result")
 
 
@@ -212,8 +251,9 @@ def spawn(system: System, argv: list[str], log_name: str, **env: str) -> subproc
     LOGS.mkdir(parents=True, exist_ok=True)
     log = open(LOGS / f"{log_name}.log", "ab")
     # Its own session, so it never gets this terminal's signals.
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(system, **env), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=child_env(system, **env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     proc.log = log  # type: ignore[attr-defined]
     return proc
 
@@ -244,8 +284,9 @@ def pg_commits(dbname: str | None) -> int | None:
     import psycopg
 
     with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
-        row = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
-                           (dbname,)).fetchone()
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", (dbname,)
+        ).fetchone()
     return int(row[0]) if row else None
 
 
@@ -287,8 +328,14 @@ class LoadWatch:
                     pg = pg_watch_connection()
                 self.busy.append(time.monotonic())
                 # What ran, not which process: "pytest -q tests/...", "3 busy sessions on test_dbqueue".
-                self.seen.update(item.split(": ", 1)[1][:80] if item.startswith("process") else
-                                 item.split(" ", 1)[1] if item[0].isdigit() else item for item in load["others"])
+                self.seen.update(
+                    item.split(": ", 1)[1][:80]
+                    if item.startswith("process")
+                    else item.split(" ", 1)[1]
+                    if item[0].isdigit()
+                    else item
+                    for item in load["others"]
+                )
         if pg is not None:
             pg.close()
 
@@ -343,8 +390,16 @@ class Bench:
         if system.has_bulk:
             self.attempt(system, "enqueue_bulk", lambda: driver(system, "enqueue-bulk", "--count", str(c.enqueue_bulk)))
 
-    def drain_once(self, system: System, processes: int, jobs: int, *, supervised: bool = False,
-                   extra: list[str] | None = None, label: str = "") -> dict[str, Any]:
+    def drain_once(
+        self,
+        system: System,
+        processes: int,
+        jobs: int,
+        *,
+        supervised: bool = False,
+        extra: list[str] | None = None,
+        label: str = "",
+    ) -> dict[str, Any]:
         """Fill ``jobs`` no-op jobs, start the workers, time until they all stopped on an empty queue."""
         filled = driver(system, "fill", "--count", str(jobs))["jobs"]
         if filled != jobs:
@@ -428,28 +483,44 @@ class Bench:
     def calibrate_variant(self, system: System, variant: str = "", extra: list[str] | None = None) -> None:
         """A small drain with one worker, to size the drains of this system (and options) to a few seconds."""
         c = self.config
-        value = self.attempt(system, f"calibration{variant}", lambda: self.drain_once(
-            system, 1, c.calibrate_jobs, extra=extra, label=f"calibration{variant}"))
+        value = self.attempt(
+            system,
+            f"calibration{variant}",
+            lambda: self.drain_once(system, 1, c.calibrate_jobs, extra=extra, label=f"calibration{variant}"),
+        )
         if value:
             self.calibrated[system.key + variant] = value.get("jobs_per_s_after_startup") or value["jobs_per_s"]
 
     def drains(self, system: System, workers: tuple[int, ...]) -> None:
         self.calibrate(system)
         for n in workers:
-            self.attempt(system, f"drain_{n}", lambda n=n: self.drain_once(
-                system, n, self.drain_size(system, n), label=f"drain-{n}"))
+            self.attempt(
+                system,
+                f"drain_{n}",
+                lambda n=n: self.drain_once(system, n, self.drain_size(system, n), label=f"drain-{n}"),
+            )
         if system.supervised and system.key == "dbqueue":
             for n in workers:
-                self.attempt(system, f"drain_concurrency_{n}", lambda n=n: self.drain_once(
-                    system, n, self.drain_size(system, n), supervised=True, label=f"concurrency-{n}"))
+                self.attempt(
+                    system,
+                    f"drain_concurrency_{n}",
+                    lambda n=n: self.drain_once(
+                        system, n, self.drain_size(system, n), supervised=True, label=f"concurrency-{n}"
+                    ),
+                )
         batch = self.config.batch
         if system.supervised and batch > 1:
             variant, extra = f"_batch{batch}", ["--batch", str(batch)]
             if not self.config.drain_jobs:
                 self.calibrate_variant(system, variant, extra)
             for n in workers:
-                self.attempt(system, f"drain{variant}_{n}", lambda n=n: self.drain_once(
-                    system, n, self.drain_size(system, n, variant), extra=extra, label=f"drain{variant}-{n}"))
+                self.attempt(
+                    system,
+                    f"drain{variant}_{n}",
+                    lambda n=n: self.drain_once(
+                        system, n, self.drain_size(system, n, variant), extra=extra, label=f"drain{variant}-{n}"
+                    ),
+                )
 
     def latency(self, system: System, scenario: str = "latency", extra: list[str] | None = None) -> None:
         c = self.config
@@ -457,15 +528,30 @@ class Bench:
         def run() -> dict[str, Any]:
             driver(system, "fill", "--count", "0")
             path = Path(tempfile.mkdtemp(prefix="bench-latency-")) / "started.txt"
-            proc = spawn(system, system.worker(False, list(extra or [])), f"{system.key}-{scenario}",
-                         BENCH_LATENCY_FILE=str(path))
+            proc = spawn(
+                system,
+                system.worker(False, list(extra or [])),
+                f"{system.key}-{scenario}",
+                BENCH_LATENCY_FILE=str(path),
+            )
             try:
                 time.sleep(c.worker_boot)
                 if proc.poll() is not None:
                     raise Failed(f"the idle worker exited with {proc.returncode}")
                 gap_min, gap_max = (str(ms / 1000) for ms in c.latency_gap_ms)
-                value = driver(system, "latency", "--count", str(c.latency_jobs), "--path", str(path),
-                               "--gap-min", gap_min, "--gap-max", gap_max, BENCH_LATENCY_FILE=str(path))
+                value = driver(
+                    system,
+                    "latency",
+                    "--count",
+                    str(c.latency_jobs),
+                    "--path",
+                    str(path),
+                    "--gap-min",
+                    gap_min,
+                    "--gap-max",
+                    gap_max,
+                    BENCH_LATENCY_FILE=str(path),
+                )
             finally:
                 stop(proc)
             if value["started"] < value["jobs"]:
@@ -494,8 +580,10 @@ class Bench:
                     self.note(f"{peer.label}: no environment at {peer.python.parent.parent} (bench/run creates it)")
                     continue
                 systems.append(peer)
-        others = [dbqueue_system("dbqueue_mysql", "django-dbqueue on MariaDB", "mysql", c.sleep),
-                  dbqueue_system("dbqueue_sqlite", "django-dbqueue on SQLite", "sqlite", c.sleep)]
+        others = [
+            dbqueue_system("dbqueue_mysql", "django-dbqueue on MariaDB", "mysql", c.sleep),
+            dbqueue_system("dbqueue_sqlite", "django-dbqueue on SQLite", "sqlite", c.sleep),
+        ]
         for other in others:
             if wanted(other.key) and not self.args.no_other_databases:
                 systems.append(other)
@@ -518,18 +606,35 @@ class Bench:
             if system.key == "dbqueue":
                 self.latency(system, "latency_fast_poll", ["--sleep", str(c.latency_fast_sleep)])
                 if not self.args.skip_claim:
-                    self.attempt(system, "claim", lambda: driver(
-                        dbqueue, "claim", "--count", str(c.claim_iterations),
-                        "--sizes", ",".join(map(str, c.claim_sizes)), "--delayed", str(c.claim_in_front)))
+                    self.attempt(
+                        system,
+                        "claim",
+                        lambda: driver(
+                            dbqueue,
+                            "claim",
+                            "--count",
+                            str(c.claim_iterations),
+                            "--sizes",
+                            ",".join(map(str, c.claim_sizes)),
+                            "--delayed",
+                            str(c.claim_in_front),
+                        ),
+                    )
                 self.attempt(system, "statements_per_job", lambda: driver(dbqueue, "queries-per-job", "--count", "500"))
                 if c.batch > 1:
-                    self.attempt(system, f"statements_per_job_batch{c.batch}", lambda: driver(
-                        dbqueue, "queries-per-job", "--count", "500", "--batch", str(c.batch)))
+                    self.attempt(
+                        system,
+                        f"statements_per_job_batch{c.batch}",
+                        lambda: driver(dbqueue, "queries-per-job", "--count", "500", "--batch", str(c.batch)),
+                    )
                 if not self.args.no_profile:
                     self.attempt(system, "profile", lambda: self.profile(dbqueue))
                     if c.batch > 1:
-                        self.attempt(system, f"profile_batch{c.batch}", lambda: self.profile(
-                            dbqueue, ["--batch", str(c.batch)], f"batch{c.batch}"))
+                        self.attempt(
+                            system,
+                            f"profile_batch{c.batch}",
+                            lambda: self.profile(dbqueue, ["--batch", str(c.batch)], f"batch{c.batch}"),
+                        )
 
     def profile(self, system: System, extra: list[str] | None = None, name: str = "") -> dict[str, Any]:
         """py-spy (wall clock, idle included) of one queue_work process draining no-op jobs."""
@@ -541,8 +646,21 @@ class Bench:
         jobs = self.config.profile_jobs
         driver(system, "fill", "--count", str(jobs))
         raw = RESULTS / f"profile-dbqueue{'-' + name if name else ''}.txt"
-        argv = [str(py_spy), "record", "--idle", "--threads", "--nonblocking", "-r", "250", "-f", "raw",
-                "-o", str(raw), "--", *system.worker(True, list(extra or []))]
+        argv = [
+            str(py_spy),
+            "record",
+            "--idle",
+            "--threads",
+            "--nonblocking",
+            "-r",
+            "250",
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "--",
+            *system.worker(True, list(extra or [])),
+        ]
         proc = spawn(system, argv, f"dbqueue-profile{name}")
         proc.wait(self.config.drain_timeout)
         proc.log.close()  # type: ignore[attr-defined]
@@ -579,8 +697,12 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    info: dict[str, Any] = {"nproc": NCPU, "cpu_model": model, "python": platform.python_version(),
-                            "kernel": platform.release()}
+    info: dict[str, Any] = {
+        "nproc": NCPU,
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
     try:
         info["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
@@ -609,17 +731,20 @@ def machine() -> dict[str, Any]:
 
 def versions(systems: list[System]) -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {}
-    code = ("import importlib.metadata as m, json, sys\n"
-            "out = {'python': sys.version.split()[0]}\n"
-            "for name in sys.argv[1:]:\n"
-            "    try: out[name] = m.version(name)\n"
-            "    except m.PackageNotFoundError: pass\n"
-            "print(json.dumps(out))")
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "out = {'python': sys.version.split()[0]}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try: out[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))"
+    )
     for system in systems:
         if not system.python.exists():
             continue
-        proc = subprocess.run([str(system.python), "-c", code, *system.packages], capture_output=True, text=True,
-                              check=False)
+        proc = subprocess.run(
+            [str(system.python), "-c", code, *system.packages], capture_output=True, text=True, check=False
+        )
         if proc.returncode == 0:
             found[system.key] = json.loads(proc.stdout)
     return found
@@ -662,13 +787,17 @@ def other_load(pg: Any = None) -> dict[str, Any]:
             pid = parents[pid]
         return False
 
-    others = [f"process {pid}: {cmd.strip()[:100]}" for pid, cmd in commands.items()
-              if any(word in cmd for word in OTHER_WORK) and not ours(pid)]
+    others = [
+        f"process {pid}: {cmd.strip()[:100]}"
+        for pid, cmd in commands.items()
+        if any(word in cmd for word in OTHER_WORK) and not ours(pid)
+    ]
     try:
         if pg is not None:
             rows = pg.execute(
                 "SELECT datname, count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() "
-                "AND datname IS NOT NULL AND NOT datname = ANY(%s) GROUP BY datname", (list(BENCH_DATABASES),)
+                "AND datname IS NOT NULL AND NOT datname = ANY(%s) GROUP BY datname",
+                (list(BENCH_DATABASES),),
             ).fetchall()
             others += [f"{count} busy PostgreSQL session(s) on database {name}" for name, count in rows]
     except Exception as exc:  # noqa: BLE001 - a restarted server is itself worth noting
@@ -687,9 +816,15 @@ def pg_watch_connection() -> Any:
 
 # -- the table ----------------------------------------------------------------------------------
 
-COLUMNS = [("dbqueue", "dbqueue"), ("procrastinate", "procrastinate"), ("tasksdb", "tasks-db"),
-           ("tasksdb_conn0", "tasks-db c0"), ("pgqueuer", "pgqueuer"), ("dbqueue_mysql", "dbq MariaDB"),
-           ("dbqueue_sqlite", "dbq SQLite")]
+COLUMNS = [
+    ("dbqueue", "dbqueue"),
+    ("procrastinate", "procrastinate"),
+    ("tasksdb", "tasks-db"),
+    ("tasksdb_conn0", "tasks-db c0"),
+    ("pgqueuer", "pgqueuer"),
+    ("dbqueue_mysql", "dbq MariaDB"),
+    ("dbqueue_sqlite", "dbq SQLite"),
+]
 RATIO_PEERS = [("procrastinate", "procrastinate"), ("tasksdb", "tasks-db"), ("pgqueuer", "pgqueuer")]
 
 
@@ -704,8 +839,15 @@ def table_rows(results: dict[str, dict[str, Any]], config: Config) -> list[dict[
 
     rows: list[dict[str, Any]] = []
 
-    def add(label: str, unit: str, higher: bool, scenario: str, key: str, systems: list[str] | None = None,
-            same_as: dict[str, tuple[str, str]] | None = None) -> None:
+    def add(
+        label: str,
+        unit: str,
+        higher: bool,
+        scenario: str,
+        key: str,
+        systems: list[str] | None = None,
+        same_as: dict[str, tuple[str, str]] | None = None,
+    ) -> None:
         values = {}
         for system, _ in COLUMNS:
             if systems is not None and system not in systems:
@@ -722,41 +864,95 @@ def table_rows(results: dict[str, dict[str, Any]], config: Config) -> list[dict[
     for n in (1, 2, 4):
         add(f"drain, {n} worker process{'es' if n > 1 else ''}", "jobs/s", True, f"drain_{n}", "jobs_per_s")
     for n in (1, 2, 4):
-        add(f"drain, queue_work --concurrency {n}", "jobs/s", True, f"drain_concurrency_{n}", "jobs_per_s",
-            systems=["dbqueue"])
+        add(
+            f"drain, queue_work --concurrency {n}",
+            "jobs/s",
+            True,
+            f"drain_concurrency_{n}",
+            "jobs_per_s",
+            systems=["dbqueue"],
+        )
     peers = ["procrastinate", "tasksdb", "tasksdb_conn0", "pgqueuer"]
     ours = ["dbqueue", "dbqueue_mysql", "dbqueue_sqlite"]
     for n in (1, 2, 4):
         # The peers' figures repeated from their plain drains, for the ratios.
-        add(f"drain, {n} worker process{'es' if n > 1 else ''}, queue_work --batch {config.batch}", "jobs/s", True,
-            f"drain_batch{config.batch}_{n}", "jobs_per_s", systems=[*ours, *peers],
-            same_as={peer: (f"drain_{n}", "jobs_per_s") for peer in peers})
+        add(
+            f"drain, {n} worker process{'es' if n > 1 else ''}, queue_work --batch {config.batch}",
+            "jobs/s",
+            True,
+            f"drain_batch{config.batch}_{n}",
+            "jobs_per_s",
+            systems=[*ours, *peers],
+            same_as={peer: (f"drain_{n}", "jobs_per_s") for peer in peers},
+        )
     add("drain, 1 worker: worker CPU per job", "ms", False, "drain_1", "worker_cpu_ms_per_job")
     add("drain, 1 worker: machine CPU per job", "ms", False, "drain_1", "machine_cpu_ms_per_job")
     add("drain, 1 worker: transactions per job", "", False, "drain_1", "transactions_per_job")
-    add("drain, 1 worker: round trips per job (statements incl. BEGIN/COMMIT)", "", False, "statements_per_job",
-        "statements_per_job", systems=["dbqueue"])
-    add(f"drain, --batch {config.batch}: round trips per job", "", False, f"statements_per_job_batch{config.batch}",
-        "statements_per_job", systems=["dbqueue"])
-    add(f"drain, 1 worker, --batch {config.batch}: worker CPU per job", "ms", False, f"drain_batch{config.batch}_1",
-        "worker_cpu_ms_per_job", systems=["dbqueue"])
-    add(f"drain, 1 worker, --batch {config.batch}: transactions per job", "", False, f"drain_batch{config.batch}_1",
-        "transactions_per_job", systems=["dbqueue"])
+    add(
+        "drain, 1 worker: round trips per job (statements incl. BEGIN/COMMIT)",
+        "",
+        False,
+        "statements_per_job",
+        "statements_per_job",
+        systems=["dbqueue"],
+    )
+    add(
+        f"drain, --batch {config.batch}: round trips per job",
+        "",
+        False,
+        f"statements_per_job_batch{config.batch}",
+        "statements_per_job",
+        systems=["dbqueue"],
+    )
+    add(
+        f"drain, 1 worker, --batch {config.batch}: worker CPU per job",
+        "ms",
+        False,
+        f"drain_batch{config.batch}_1",
+        "worker_cpu_ms_per_job",
+        systems=["dbqueue"],
+    )
+    add(
+        f"drain, 1 worker, --batch {config.batch}: transactions per job",
+        "",
+        False,
+        f"drain_batch{config.batch}_1",
+        "transactions_per_job",
+        systems=["dbqueue"],
+    )
     add("worker start-up (empty queue)", "s", False, "worker_startup", "seconds")
     for p in ("p50", "p95", "p99"):
         add(f"enqueue-to-start latency {p}, idle worker", "ms", False, "latency", f"{p}_ms")
     for p in ("p50", "p95"):
-        add(f"latency {p}, queue_work --sleep {config.latency_fast_sleep:g}", "ms", False, "latency_fast_poll",
-            f"{p}_ms", systems=["dbqueue"])
+        add(
+            f"latency {p}, queue_work --sleep {config.latency_fast_sleep:g}",
+            "ms",
+            False,
+            "latency_fast_poll",
+            f"{p}_ms",
+            systems=["dbqueue"],
+        )
     claim = results.get("dbqueue", {}).get("claim") or {}
     for label, value in claim.items() if isinstance(claim, dict) else ():
         if isinstance(value, dict) and "claim_mean_ms" in value:
             nice = claim_label(label, value)
-            rows.append({"scenario": f"claim (reserve_many limit=1), {nice}", "unit": "ms", "higher_is_better": False,
-                         "values": {"dbqueue": value["claim_mean_ms"]}})
+            rows.append(
+                {
+                    "scenario": f"claim (reserve_many limit=1), {nice}",
+                    "unit": "ms",
+                    "higher_is_better": False,
+                    "values": {"dbqueue": value["claim_mean_ms"]},
+                }
+            )
             if value.get("server_execution_ms") is not None:
-                rows.append({"scenario": "  of which the SELECT on the server (EXPLAIN ANALYZE)", "unit": "ms",
-                             "higher_is_better": False, "values": {"dbqueue": value["server_execution_ms"]}})
+                rows.append(
+                    {
+                        "scenario": "  of which the SELECT on the server (EXPLAIN ANALYZE)",
+                        "unit": "ms",
+                        "higher_is_better": False,
+                        "values": {"dbqueue": value["server_execution_ms"]},
+                    }
+                )
     return rows
 
 
@@ -814,8 +1010,9 @@ def render_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
     out = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
     out.append("  ".join("-" * w for w in widths))
     for cells in lines:
-        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths, strict=True))))
+        out.append(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        )
     return "\n".join(out)
 
 
@@ -828,12 +1025,18 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     def best_drain(n: int) -> tuple[float | None, str]:
         """django-dbqueue's best drain with n workers, whichever way it was run."""
-        runs = [(value("dbqueue", scenario, "jobs_per_s"), how) for scenario, how in (
-            (f"drain_{n}", f"{n} processes" if n > 1 else "1 process"),
-            (f"drain_concurrency_{n}", f"--concurrency {n}"),
-            *((key, f"{n} process{'es' if n > 1 else ''} with --batch {key.split('batch')[1].split('_')[0]}")
-              for key in results.get("dbqueue", {}) if key.startswith("drain_batch") and key.endswith(f"_{n}")),
-        )]
+        runs = [
+            (value("dbqueue", scenario, "jobs_per_s"), how)
+            for scenario, how in (
+                (f"drain_{n}", f"{n} processes" if n > 1 else "1 process"),
+                (f"drain_concurrency_{n}", f"--concurrency {n}"),
+                *(
+                    (key, f"{n} process{'es' if n > 1 else ''} with --batch {key.split('batch')[1].split('_')[0]}")
+                    for key in results.get("dbqueue", {})
+                    if key.startswith("drain_batch") and key.endswith(f"_{n}")
+                ),
+            )
+        ]
         measured = [(v, how) for v, how in runs if v]
         return max(measured) if measured else (None, "")
 
@@ -845,8 +1048,12 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             ours = value("dbqueue", scenario, "jobs_per_s")
         theirs = value(peer, scenario, "jobs_per_s")
         measured = ours / theirs if ours and theirs else None
-        return {"goal": text + (f" (ours: {how})" if how else ""), "target": f">= {target}x", "measured": measured,
-                "met": None if measured is None else measured >= target}
+        return {
+            "goal": text + (f" (ours: {how})" if how else ""),
+            "target": f">= {target}x",
+            "measured": measured,
+            "met": None if measured is None else measured >= target,
+        }
 
     out = [
         ratio_goal("drain, 4 workers, vs procrastinate", "drain_4", "procrastinate", 5),
@@ -858,14 +1065,26 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     ]
     for key, limit in (("p50_ms", 5.0), ("p95_ms", 20.0)):
         measured = value("dbqueue", "latency", key)
-        out.append({"goal": f"enqueue-to-start {key[:3]}, idle worker, default settings", "target": f"< {limit:g} ms",
-                    "measured": measured, "met": None if measured is None else measured < limit})
+        out.append(
+            {
+                "goal": f"enqueue-to-start {key[:3]}, idle worker, default settings",
+                "target": f"< {limit:g} ms",
+                "measured": measured,
+                "met": None if measured is None else measured < limit,
+            }
+        )
     claim = results.get("dbqueue", {}).get("claim") or {}
     sizes = sorted(int(k.split("_")[1]) for k in claim if k.startswith("waiting_")) if isinstance(claim, dict) else []
     if len(sizes) >= 2:
         small, big = claim[f"waiting_{sizes[0]}"]["claim_mean_ms"], claim[f"waiting_{sizes[-1]}"]["claim_mean_ms"]
-        out.append({"goal": f"claim at {sizes[-1]:,} waiting within 2x of at {sizes[0]:,}", "target": "<= 2x",
-                    "measured": big / small, "met": big / small <= 2})
+        out.append(
+            {
+                "goal": f"claim at {sizes[-1]:,} waiting within 2x of at {sizes[0]:,}",
+                "target": "<= 2x",
+                "measured": big / small,
+                "met": big / small <= 2,
+            }
+        )
     return out
 
 
@@ -886,22 +1105,32 @@ def print_report(report: dict[str, Any], markdown: bool = False) -> None:
     rows = table_rows(report["results"], config)
     under_load = report["load"].get("scenarios_under_load") or []
     print()
-    print(f"Machine: {info['nproc']} cores ({info['cpu_model']}), {info.get('memory_gib', '?')} GiB; "
-          f"{info.get('postgresql', '?').split(' on ')[0]}; MariaDB {info.get('mariadb', '?')}; "
-          f"Python {info['python']}")
+    print(
+        f"Machine: {info['nproc']} cores ({info['cpu_model']}), {info.get('memory_gib', '?')} GiB; "
+        f"{info.get('postgresql', '?').split(' on ')[0]}; MariaDB {info.get('mariadb', '?')}; "
+        f"Python {info['python']}"
+    )
     print(f"Versions: {json.dumps(report['versions'])}")
-    print(f"django-dbqueue at {report['git']['commit']}"
-          + (f" plus uncommitted changes to {', '.join(report['git']['library_files_changed_since_commit'])}"
-             if report["git"]["library_files_changed_since_commit"] else ""))
+    print(
+        f"django-dbqueue at {report['git']['commit']}"
+        + (
+            f" plus uncommitted changes to {', '.join(report['git']['library_files_changed_since_commit'])}"
+            if report["git"]["library_files_changed_since_commit"]
+            else ""
+        )
+    )
     if report["load"]["under_load"]:
-        print("WARNING: other work (test suites, workers, busy sessions on other databases) ran during these "
-              "scenarios; their figures are not reliable: " + ", ".join(under_load or ["(at the start)"]))
+        print(
+            "WARNING: other work (test suites, workers, busy sessions on other databases) ran during these "
+            "scenarios; their figures are not reliable: " + ", ".join(under_load or ["(at the start)"])
+        )
     print()
     print(render_table(rows, markdown=markdown))
-    print("\n'x peer' = how many times better django-dbqueue is than that peer (above 1: ahead); throughput "
-          "divided by the peer's, or the peer's latency/cost divided by ours.")
-    print("tasks-db = django-tasks-db with persistent connections; tasks-db c0 = with Django's default "
-          "CONN_MAX_AGE=0.")
+    print(
+        "\n'x peer' = how many times better django-dbqueue is than that peer (above 1: ahead); throughput "
+        "divided by the peer's, or the peer's latency/cost divided by ours."
+    )
+    print("tasks-db = django-tasks-db with persistent connections; tasks-db c0 = with Django's default CONN_MAX_AGE=0.")
     print("\nGoals of issue 7:")
     print(render_goals(report["goals"]))
     for name, profile in report["results"].get("dbqueue", {}).items():
@@ -916,19 +1145,28 @@ def print_report(report: dict[str, Any], markdown: bool = False) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bench/run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a minute or two")
-    parser.add_argument("--only", default="", help="comma-separated systems: dbqueue, procrastinate, tasksdb, "
-                        "tasksdb_conn0, pgqueuer, dbqueue_mysql, dbqueue_sqlite")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated systems: dbqueue, procrastinate, tasksdb, "
+        "tasksdb_conn0, pgqueuer, dbqueue_mysql, dbqueue_sqlite",
+    )
     parser.add_argument("--no-peers", action="store_true", help="django-dbqueue only")
     parser.add_argument("--no-other-databases", action="store_true", help="skip MariaDB and SQLite")
     parser.add_argument("--skip-claim", action="store_true", help="skip the claim-versus-table-size scenario")
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of one worker")
     parser.add_argument("--output", default=str(RESULTS / "latest.json"), help="where the JSON goes")
-    parser.add_argument("--wait-idle", type=float, default=0.0,
-                        help="wait up to this many seconds for other work (test suites, workers, busy sessions "
-                             "on other databases) to finish first")
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        help="wait up to this many seconds for other work (test suites, workers, busy sessions "
+        "on other databases) to finish first",
+    )
     parser.add_argument("--show", metavar="JSON", help="print the report of an earlier run (no benchmark)")
     parser.add_argument("--markdown", action="store_true", help="with --show: the table in Markdown")
     args = parser.parse_args()
@@ -947,8 +1185,11 @@ def main() -> None:
     if pg is not None:
         pg.close()
     if load["others"]:
-        print("WARNING: other work shares this machine; figures taken under load are not comparable:\n  "
-              + "\n  ".join(load["others"][:10]), flush=True)
+        print(
+            "WARNING: other work shares this machine; figures taken under load are not comparable:\n  "
+            + "\n  ".join(load["others"][:10]),
+            flush=True,
+        )
 
     started = time.time()
     bench = Bench(config, args)
@@ -959,8 +1200,12 @@ def main() -> None:
     load_after = other_load()
     load_after["seen_during_run"] = sorted(bench.watch.seen)
 
-    all_systems = [dbqueue_system("dbqueue", "", "postgres", config.sleep), procrastinate_system(),
-                   tasksdb_system("none"), pgqueuer_system()]
+    all_systems = [
+        dbqueue_system("dbqueue", "", "postgres", config.sleep),
+        procrastinate_system(),
+        tasksdb_system("none"),
+        pgqueuer_system(),
+    ]
     rows = table_rows(bench.results, config)
     goal_items = goals(bench.results)
     report = {
@@ -970,8 +1215,12 @@ def main() -> None:
         "machine": info,
         "versions": versions(all_systems),
         "git": git_state(),
-        "load": {"before": load, "after": load_after, "scenarios_under_load": bench.under_load,
-                 "under_load": bool(bench.under_load or load["others"])},
+        "load": {
+            "before": load,
+            "after": load_after,
+            "scenarios_under_load": bench.under_load,
+            "under_load": bool(bench.under_load or load["others"]),
+        },
         "config": dataclasses.asdict(config),
         "results": bench.results,
         "table": [{**row, "ratios": {peer: ratio(row, peer) for peer, _ in RATIO_PEERS}} for row in rows],

@@ -18,15 +18,21 @@ from typing import Any
 # for names anywhere below the loop, so a renamed or added layer in worker.py
 # (say Worker._next_job around the claim) still lands in the right step.
 STEPS: list[tuple[str, Callable[[str], bool]]] = [
-    ("idle wait (--sleep, or a wait for a notification)",
-     lambda frame: frame.startswith(("Worker.wait ", "Listener.wait", "Listener.poll"))),
+    (
+        "idle wait (--sleep, or a wait for a notification)",
+        lambda frame: frame.startswith(("Worker.wait ", "Listener.wait", "Listener.poll")),
+    ),
     ("claim: Job.objects.reserve_many", lambda frame: "reserve_many" in frame or frame.startswith("Worker.reserve ")),
-    ("heartbeat thread start", lambda frame: frame.startswith(("Heartbeat.__enter__", "Heartbeat.start",
-                                                                "Heartbeat.__init__"))),
+    (
+        "heartbeat thread start",
+        lambda frame: frame.startswith(("Heartbeat.__enter__", "Heartbeat.start", "Heartbeat.__init__")),
+    ),
     ("heartbeat thread stop (join)", lambda frame: frame.startswith(("Heartbeat.__exit__", "Heartbeat.stop"))),
     ("run the job: execution.execute", lambda frame: frame.startswith(("Worker._execute ", "execute (django_dbqueue"))),
-    ("record the outcome: delete_reserved",
-     lambda frame: frame.startswith("Worker._store ") or "delete_reserved" in frame),
+    (
+        "record the outcome: delete_reserved",
+        lambda frame: frame.startswith("Worker._store ") or "delete_reserved" in frame,
+    ),
     ("signals (job_started, job_succeeded)", lambda frame: frame.startswith("_send ")),
     ("progress/report after the job", lambda frame: frame.startswith("Worker._report ")),
     ("stop checks (restart marker, limits)", lambda frame: frame.startswith("Worker._stop_reason ")),
@@ -40,11 +46,11 @@ def classify(frames: list[str]) -> tuple[str, list[str]]:
         start = next(i for i, frame in enumerate(frames) if frame.startswith("Worker._loop "))
     except StopIteration:
         return "outside the loop (start-up, shut-down)", []
-    below = frames[start + 1:]
+    below = frames[start + 1 :]
     for step, test in STEPS:
         for i, frame in enumerate(below):
             if test(frame):
-                return step, below[i + 1:]
+                return step, below[i + 1 :]
     if not below:
         return "loop: own code", []
     if below[0].startswith("Worker.process ") and len(below) == 1:
@@ -99,8 +105,11 @@ def summarize(raw: str, *, jobs: int, rate: float) -> dict[str, Any]:
         step, below = classify(frames)
         per_step[step][layer(frames)] += count
         children[step][boundary(below)] += count
-        for name in {frame.split(" (")[0] + " (" + frame.split(" (")[-1].split(":")[0] + ")" for frame in frames
-                     if "django/db/" in frame or "psycopg/" in frame}:
+        for name in {
+            frame.split(" (")[0] + " (" + frame.split(" (")[-1].split(":")[0] + ")"
+            for frame in frames
+            if "django/db/" in frame or "psycopg/" in frame
+        }:
             inclusive[name] += count
 
     def ms(samples: float) -> float:
@@ -110,16 +119,18 @@ def summarize(raw: str, *, jobs: int, rate: float) -> dict[str, Any]:
     steps = []
     for step, counter in sorted(per_step.items(), key=lambda item: -sum(item[1].values())):
         samples = sum(counter.values())
-        steps.append({
-            "step": step,
-            "ms_per_job": ms(samples) if not step.startswith("outside") else None,
-            "seconds": samples / rate,
-            "share_of_loop": samples / loop_samples if loop_samples and not step.startswith("outside") else None,
-            "psycopg_ms_per_job": ms(counter["psycopg"]),
-            "orm_ms_per_job": ms(counter["orm"]),
-            "python_ms_per_job": ms(counter["python"]),
-            "in": [{"function": name, "ms_per_job": ms(n)} for name, n in children[step].most_common(6)],
-        })
+        steps.append(
+            {
+                "step": step,
+                "ms_per_job": ms(samples) if not step.startswith("outside") else None,
+                "seconds": samples / rate,
+                "share_of_loop": samples / loop_samples if loop_samples and not step.startswith("outside") else None,
+                "psycopg_ms_per_job": ms(counter["psycopg"]),
+                "orm_ms_per_job": ms(counter["orm"]),
+                "python_ms_per_job": ms(counter["python"]),
+                "in": [{"function": name, "ms_per_job": ms(n)} for name, n in children[step].most_common(6)],
+            }
+        )
     top = [{"function": name, "ms_per_job": ms(samples)} for name, samples in inclusive.most_common(25)]
     result = {
         "jobs": jobs,
@@ -134,19 +145,26 @@ def summarize(raw: str, *, jobs: int, rate: float) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"  {result['loop_ms_per_job']:.2f} ms of wall clock per job in the worker loop "
-             f"({result['jobs']} no-op jobs); per step, ms per job (in psycopg incl. waiting for the server / "
-             "in Django's ORM / other Python):"]
+    lines = [
+        f"  {result['loop_ms_per_job']:.2f} ms of wall clock per job in the worker loop "
+        f"({result['jobs']} no-op jobs); per step, ms per job (in psycopg incl. waiting for the server / "
+        "in Django's ORM / other Python):"
+    ]
     for step in result["steps"]:
         if step["ms_per_job"] is None:
             lines.append(f"    {step['step']}: {step['seconds']:.2f} s in all")
             continue
-        lines.append(f"    {step['ms_per_job']:6.3f}  {step['share_of_loop']:5.1%}  {step['step']}  "
-                     f"({step['psycopg_ms_per_job']:.3f} / {step['orm_ms_per_job']:.3f} / "
-                     f"{step['python_ms_per_job']:.3f})")
+        lines.append(
+            f"    {step['ms_per_job']:6.3f}  {step['share_of_loop']:5.1%}  {step['step']}  "
+            f"({step['psycopg_ms_per_job']:.3f} / {step['orm_ms_per_job']:.3f} / "
+            f"{step['python_ms_per_job']:.3f})"
+        )
         if step["share_of_loop"] >= 0.03:
-            lines.extend(f"             {item['ms_per_job']:6.3f} in {item['function']}" for item in step["in"]
-                         if item["ms_per_job"] >= 0.02)
+            lines.extend(
+                f"             {item['ms_per_job']:6.3f} in {item['function']}"
+                for item in step["in"]
+                if item["ms_per_job"] >= 0.02
+            )
     lines.append("  Heaviest Django database layer and psycopg functions (inclusive ms per job):")
     for item in result["top_functions"][:15]:
         lines.append(f"    {item['ms_per_job']:6.3f}  {item['function']}")

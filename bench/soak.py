@@ -49,12 +49,17 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=50_000, help="jobs to enqueue (default: 50000)")
     parser.add_argument("--concurrency", type=int, default=4, help="worker processes (default: 4)")
-    parser.add_argument("--database", default="dbqueue_soak",
-                        help="database to create and drop (default: dbqueue_soak)")
+    parser.add_argument(
+        "--database", default="dbqueue_soak", help="database to create and drop (default: dbqueue_soak)"
+    )
     parser.add_argument("--max-seconds", type=float, default=1800, help="give up after this long (default: 1800)")
-    parser.add_argument("--vacuum-every", type=float, default=None,
-                        help="seconds between two VACUUM ANALYZE of the job table during the drain "
-                             "(default: 30 when the server's autovacuum is off, else never)")
+    parser.add_argument(
+        "--vacuum-every",
+        type=float,
+        default=None,
+        help="seconds between two VACUUM ANALYZE of the job table during the drain "
+        "(default: 30 when the server's autovacuum is off, else never)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the database and the worker log")
     args = parser.parse_args()
     if args.database.startswith("test"):
@@ -63,11 +68,13 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup_django(database: str) -> None:
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DBQUEUE_TEST_DB": "postgres",
-        "PGDATABASE": database,
-    })
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DBQUEUE_TEST_DB": "postgres",
+            "PGDATABASE": database,
+        }
+    )
     os.environ.pop("DBQUEUE_TEST_USE_TEST_DB", None)
     sys.path.insert(0, str(ROOT))
     import django
@@ -117,7 +124,7 @@ def enqueue(total: int) -> dict[str, int]:
         else:
             calls.append(jobs.always_fail.bind(f"f{i}"))
     for start in range(0, total, 5000):
-        enqueue_many(calls[start:start + 5000])
+        enqueue_many(calls[start : start + 5000])
     return counts
 
 
@@ -178,7 +185,10 @@ def drain(args: argparse.Namespace, total: int, log_path: Path) -> tuple[float, 
         started = time.monotonic()
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "django", "queue_work", "--concurrency", str(args.concurrency), "--sleep", "0.05"],
-            cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             while len(children_of(supervisor.pid)) < args.concurrency:
@@ -273,36 +283,54 @@ def main() -> int:
     log_path = Path(tempfile.gettempdir()) / f"dbqueue-soak-{os.getpid()}.log"
     with own_database(args.database, args.keep):
         server = connection.cursor().connection.info.server_version
-        print(f"soak: {args.jobs} jobs on PostgreSQL {server // 10000}.{server % 10000}, "
-              f"queue_work --concurrency {args.concurrency}, database {args.database}", flush=True)
+        print(
+            f"soak: {args.jobs} jobs on PostgreSQL {server // 10000}.{server % 10000}, "
+            f"queue_work --concurrency {args.concurrency}, database {args.database}",
+            flush=True,
+        )
         enqueue_started = time.monotonic()
         counts = enqueue(args.jobs)
-        print(f"enqueued in {time.monotonic() - enqueue_started:.1f} s: {counts['succeed']} succeed, "
-              f"{counts['fail_once']} fail once then succeed, {counts['fail_for_good']} fail for good", flush=True)
+        print(
+            f"enqueued in {time.monotonic() - enqueue_started:.1f} s: {counts['succeed']} succeed, "
+            f"{counts['fail_once']} fail once then succeed, {counts['fail_for_good']} fail for good",
+            flush=True,
+        )
         vacuum_analyze()
         with connection.cursor() as cursor:
             cursor.execute("SHOW autovacuum")
             autovacuum = cursor.fetchone()[0] == "on"
         if args.vacuum_every is None:
             args.vacuum_every = 0 if autovacuum else 30
-        print(f"job table analyzed; server autovacuum {'on' if autovacuum else 'off'}; "
-              + (f"VACUUM ANALYZE of the job table every {args.vacuum_every:g} s during the drain"
-                 if args.vacuum_every else "no VACUUM by the soak during the drain"), flush=True)
+        print(
+            f"job table analyzed; server autovacuum {'on' if autovacuum else 'off'}; "
+            + (
+                f"VACUUM ANALYZE of the job table every {args.vacuum_every:g} s during the drain"
+                if args.vacuum_every
+                else "no VACUUM by the soak during the drain"
+            ),
+            flush=True,
+        )
         elapsed, memory, first, code = drain(args, args.jobs, log_path)
         log = log_path.read_text(errors="replace")
         problems, figures = check(counts, log)
     attempts = sum(figures["outcomes"].values())
-    print(f"drained in {elapsed:.1f} s: {args.jobs / elapsed:.0f} jobs/s, {attempts / elapsed:.0f} attempts/s; "
-          f"supervisor exit code {code}")
-    print(f"deleted {figures['deleted']} + failed {figures['failed']} = {figures['deleted'] + figures['failed']} "
-          f"(enqueued {args.jobs}); left in the queue {figures['left']}; Run rows {figures['runs']}; "
-          f"outcomes {figures['outcomes']}; attempt rows {figures['attempts']}")
+    print(
+        f"drained in {elapsed:.1f} s: {args.jobs / elapsed:.0f} jobs/s, {attempts / elapsed:.0f} attempts/s; "
+        f"supervisor exit code {code}"
+    )
+    print(
+        f"deleted {figures['deleted']} + failed {figures['failed']} = {figures['deleted'] + figures['failed']} "
+        f"(enqueued {args.jobs}); left in the queue {figures['left']}; Run rows {figures['runs']}; "
+        f"outcomes {figures['outcomes']}; attempt rows {figures['attempts']}"
+    )
     print("worker RSS (MB):   pid   start    warm     end    peak   end-warm")
     for pid, values in sorted(memory.figures.items()):
         note = "" if pid in first else "  (a replacement)"
         warm = values.get("warm", values["start"])
-        print(f"              {pid:>7} {values['start']:7.1f} {warm:7.1f} {values['end']:7.1f} "
-              f"{values['peak']:7.1f} {values['end'] - warm:+9.1f}{note}")
+        print(
+            f"              {pid:>7} {values['start']:7.1f} {warm:7.1f} {values['end']:7.1f} "
+            f"{values['peak']:7.1f} {values['end'] - warm:+9.1f}{note}"
+        )
     if len(memory.figures) != args.concurrency:
         problems.append(f"{len(memory.figures)} worker processes seen, expected {args.concurrency}: some were replaced")
     if code != 0:

@@ -25,8 +25,12 @@ class StateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("waiting", "waiting"), ("delayed", "delayed"), ("reserved", "reserved"),
-                ("expired", "reservation expired")]
+        return [
+            ("waiting", "waiting"),
+            ("delayed", "delayed"),
+            ("reserved", "reserved"),
+            ("expired", "reservation expired"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         value = self.value()
@@ -52,12 +56,34 @@ class ReadOnlyMixin:
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["id", "name", "queue", "state", "priority", "attempts", "available_at", "reserved_at",
-                    "reserved_by"]
+    list_display = [
+        "id",
+        "name",
+        "queue",
+        "state",
+        "priority",
+        "attempts",
+        "available_at",
+        "reserved_at",
+        "reserved_by",
+    ]
     list_filter = [StateFilter, "queue"]
     search_fields = ["name"]
-    readonly_fields = ["id", "name", "queue", "priority", "attempts", "max_tries", "retry_after", "timeout",
-                       "available_at", "reserved_at", "reserved_by", "created_at", "pretty_payload"]
+    readonly_fields = [
+        "id",
+        "name",
+        "queue",
+        "priority",
+        "attempts",
+        "max_tries",
+        "retry_after",
+        "timeout",
+        "available_at",
+        "reserved_at",
+        "reserved_by",
+        "created_at",
+        "pretty_payload",
+    ]
     exclude = ["payload"]
     actions = ["run_now", "release_expired"]
     change_list_template = "admin/django_dbqueue/job/change_list.html"
@@ -80,15 +106,18 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description="Run selected jobs now", permissions=["run"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         count = run_now(queryset)
-        self.message_user(request, ngettext("%d job is available now.", "%d jobs are available now.", count)
-                          % count, messages.SUCCESS)
+        self.message_user(
+            request, ngettext("%d job is available now.", "%d jobs are available now.", count) % count, messages.SUCCESS
+        )
 
     @admin.action(description="Release expired reservations", permissions=["run"])
     def release_expired(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         count = release_expired(queryset)
-        self.message_user(request, ngettext("%d expired reservation was released.",
-                                            "%d expired reservations were released.", count) % count,
-                          messages.SUCCESS)
+        self.message_user(
+            request,
+            ngettext("%d expired reservation was released.", "%d expired reservations were released.", count) % count,
+            messages.SUCCESS,
+        )
 
     def get_urls(self) -> list[Any]:
         return [
@@ -116,8 +145,18 @@ class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["queue", "name", "exception_class", "failed_at"]
     search_fields = ["name", "error"]
     date_hierarchy = "failed_at"
-    fields = ("id", "job_id", "name", "queue", "attempts", "exception_class", "created_at", "failed_at",
-              "pretty_payload", "traceback")
+    fields = (
+        "id",
+        "job_id",
+        "name",
+        "queue",
+        "attempts",
+        "exception_class",
+        "created_at",
+        "failed_at",
+        "pretty_payload",
+        "traceback",
+    )
     readonly_fields = fields
     actions = ["retry_selected"]
     change_form_template = "admin/django_dbqueue/failedjob/change_form.html"
@@ -138,18 +177,25 @@ class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     def has_retry_permission(self, request: HttpRequest) -> bool:
         opts = self.model._meta
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}") and request.user.has_perm(
-            "django_dbqueue.add_job")
+            "django_dbqueue.add_job"
+        )
 
     @admin.action(description="Retry selected failed jobs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[FailedJob]) -> None:
         count = len(retry_failed(queryset))
-        self.message_user(request, ngettext("%d job was put back on the queue.",
-                                            "%d jobs were put back on the queue.", count) % count, messages.SUCCESS)
+        self.message_user(
+            request,
+            ngettext("%d job was put back on the queue.", "%d jobs were put back on the queue.", count) % count,
+            messages.SUCCESS,
+        )
 
     def get_urls(self) -> list[Any]:
         return [
-            path("<int:pk>/retry/", self.admin_site.admin_view(require_POST(self.retry_view)),
-                 name="django_dbqueue_failedjob_retry"),
+            path(
+                "<int:pk>/retry/",
+                self.admin_site.admin_view(require_POST(self.retry_view)),
+                name="django_dbqueue_failedjob_retry",
+            ),
             *super().get_urls(),
         ]
 
@@ -162,8 +208,9 @@ class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
             self.message_user(request, f"Failed job {pk} no longer exists.", messages.WARNING)
         return HttpResponseRedirect(reverse("admin:django_dbqueue_failedjob_changelist"))
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         extra = {**(extra_context or {}), "can_retry": self.has_retry_permission(request)}
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
@@ -180,5 +227,7 @@ class JobProgressAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-ar
         return format_html(
             '<div style="width:160px;background:#eee;border-radius:3px" title="{}%">'
             '<div style="width:{}%;background:{};height:12px;border-radius:3px"></div></div>',
-            f"{progress.percent:.0f}", f"{progress.percent:.1f}", color,
+            f"{progress.percent:.0f}",
+            f"{progress.percent:.1f}",
+            color,
         )

@@ -40,8 +40,13 @@ def build_row(
 ) -> Job:
     """Return an unsaved ``Job`` row that runs ``step``, carrying what follows it."""
     envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
-    for key, value in (("backoff", step.get("backoff")), ("next", list(next_steps)), ("then", list(then)),
-                       ("on_failure", on_failure), ("chain", chain)):
+    for key, value in (
+        ("backoff", step.get("backoff")),
+        ("next", list(next_steps)),
+        ("then", list(then)),
+        ("on_failure", on_failure),
+        ("chain", chain),
+    ):
         if value:
             envelope[key] = value
     now = DbNow()
@@ -133,8 +138,15 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
         if next_steps:
             info = chain_of(data)
             step_info = {**info, "step": int(info["step"]) + 1} if info else None
-            return [build_row(next_steps[0], next_steps=next_steps[1:], then=data.get("then") or [],
-                              on_failure=data.get("on_failure"), chain=step_info)]
+            return [
+                build_row(
+                    next_steps[0],
+                    next_steps=next_steps[1:],
+                    then=data.get("then") or [],
+                    on_failure=data.get("on_failure"),
+                    chain=step_info,
+                )
+            ]
         return [build_row(step) for step in data.get("then") or []]
     except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
         # The job itself ran; a malformed follow-up must not undo that.

@@ -49,11 +49,13 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     for key, value in user.items():
         if key not in conf.DEFAULTS:
             close = difflib.get_close_matches(str(key), list(conf.DEFAULTS), n=1)
-            messages.append(Error(
-                f"DBQUEUE has an unknown key {key!r}.",
-                hint=f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(conf.DEFAULTS)}.",
-                id="dbqueue.E002",
-            ))
+            messages.append(
+                Error(
+                    f"DBQUEUE has an unknown key {key!r}.",
+                    hint=f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(conf.DEFAULTS)}.",
+                    id="dbqueue.E002",
+                )
+            )
             continue
         expected, valid = VALIDATORS[key]
         if not valid(value):
@@ -61,11 +63,13 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     if messages:
         return messages
     if conf.get("DATABASE") not in settings.DATABASES:
-        messages.append(Error(
-            f"DBQUEUE['DATABASE'] is {conf.get('DATABASE')!r}, which is not in DATABASES.",
-            hint=f"Use one of: {', '.join(settings.DATABASES)}.",
-            id="dbqueue.E004",
-        ))
+        messages.append(
+            Error(
+                f"DBQUEUE['DATABASE'] is {conf.get('DATABASE')!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                id="dbqueue.E004",
+            )
+        )
     return messages
 
 
@@ -78,52 +82,61 @@ def check_timeouts(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         return []  # check_settings reports it
     messages: list[CheckMessage] = []
     if isinstance(timeout, int) and retry_after <= timeout:
-        messages.append(Warning(
-            f"DBQUEUE['RETRY_AFTER'] ({retry_after} s) is not longer than DBQUEUE['TIMEOUT'] ({timeout} s).",
-            hint="A job still running when its reservation expires is reclaimed and runs a second "
-                 "time in parallel. Make RETRY_AFTER longer than TIMEOUT by a margin.",
-            id="dbqueue.W001",
-        ))
+        messages.append(
+            Warning(
+                f"DBQUEUE['RETRY_AFTER'] ({retry_after} s) is not longer than DBQUEUE['TIMEOUT'] ({timeout} s).",
+                hint="A job still running when its reservation expires is reclaimed and runs a second "
+                "time in parallel. Make RETRY_AFTER longer than TIMEOUT by a margin.",
+                id="dbqueue.W001",
+            )
+        )
     for definition in registry.all_definitions().values():
         job_retry_after = definition.retry_after or retry_after
         job_timeout = definition.timeout or timeout
         if (definition.retry_after or definition.timeout) and job_timeout and job_retry_after <= job_timeout:
-            messages.append(Warning(
-                f"Job {definition.name!r} has retry_after {job_retry_after} s, not longer than its "
-                f"timeout {job_timeout} s.",
-                hint="Give it a retry_after longer than its timeout: @job(timeout=..., retry_after=...).",
-                obj=definition.func,
-                id="dbqueue.W002",
-            ))
+            messages.append(
+                Warning(
+                    f"Job {definition.name!r} has retry_after {job_retry_after} s, not longer than its "
+                    f"timeout {job_timeout} s.",
+                    hint="Give it a retry_after longer than its timeout: @job(timeout=..., retry_after=...).",
+                    obj=definition.func,
+                    id="dbqueue.W002",
+                )
+            )
     return messages
 
 
 @register(Tags.database)
-def check_database(app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None,
-                   **kwargs: Any) -> list[CheckMessage]:
+def check_database(
+    app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
     """The queue's database must be able to claim a row for exactly one worker."""
     alias = conf.get("DATABASE")
     if not databases or alias not in databases or alias not in connections:
         return []
     connection = connections[alias]
     if connection.vendor not in CLAIM_VENDORS:
-        return [Error(
-            f"The queue's database {alias!r} uses {connection.vendor}, where django-dbqueue cannot "
-            "claim jobs safely.",
-            hint="Use PostgreSQL, MariaDB >= 10.6, MySQL >= 8 or SQLite.",
-            id="dbqueue.E005",
-        )]
+        return [
+            Error(
+                f"The queue's database {alias!r} uses {connection.vendor}, where django-dbqueue cannot "
+                "claim jobs safely.",
+                hint="Use PostgreSQL, MariaDB >= 10.6, MySQL >= 8 or SQLite.",
+                id="dbqueue.E005",
+            )
+        ]
     if connection.vendor == "mysql":
         try:
             skip_locked = connection.features.has_select_for_update_skip_locked
         except DatabaseError:
             return []
         if not skip_locked:
-            return [Error(
-                f"The queue's database {alias!r} does not support SELECT ... FOR UPDATE SKIP LOCKED.",
-                hint="Upgrade to MariaDB >= 10.6 or MySQL >= 8.0.1.",
-                id="dbqueue.E006",
-            )]
+            return [
+                Error(
+                    f"The queue's database {alias!r} does not support SELECT ... FOR UPDATE SKIP LOCKED.",
+                    hint="Upgrade to MariaDB >= 10.6 or MySQL >= 8.0.1.",
+                    id="dbqueue.E006",
+                )
+            ]
     return []
 
 
@@ -133,12 +146,14 @@ def check_tasks_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     from .apps import uses_tasks_backend
 
     if django.VERSION < (6, 0) and uses_tasks_backend():
-        return [Error(
-            "TASKS uses django_dbqueue's backend, but django.tasks needs Django 6.0 or newer "
-            f"(this is Django {django.get_version()}).",
-            hint="Upgrade Django, or enqueue with django-dbqueue's own @job API, which works on Django 5.2.",
-            id="dbqueue.E009",
-        )]
+        return [
+            Error(
+                "TASKS uses django_dbqueue's backend, but django.tasks needs Django 6.0 or newer "
+                f"(this is Django {django.get_version()}).",
+                hint="Upgrade Django, or enqueue with django-dbqueue's own @job API, which works on Django 5.2.",
+                id="dbqueue.E009",
+            )
+        ]
     return []
 
 
@@ -147,18 +162,22 @@ def check_worker(concurrency: int | None, timeout: int | None) -> list[CheckMess
     messages: list[CheckMessage] = []
     alias = conf.get("DATABASE")
     if concurrency and concurrency > 1 and connections[alias].vendor == "sqlite":
-        messages.append(Warning(
-            f"--concurrency {concurrency} on SQLite: SQLite serialises writers, so workers wait on "
-            "each other and may see 'database is locked'.",
-            hint="Claims stay safe, but use PostgreSQL or MariaDB for parallel workers, or set "
-                 "OPTIONS={'timeout': 20, 'transaction_mode': 'IMMEDIATE'} and WAL mode.",
-            id="dbqueue.W003",
-        ))
+        messages.append(
+            Warning(
+                f"--concurrency {concurrency} on SQLite: SQLite serialises writers, so workers wait on "
+                "each other and may see 'database is locked'.",
+                hint="Claims stay safe, but use PostgreSQL or MariaDB for parallel workers, or set "
+                "OPTIONS={'timeout': 20, 'transaction_mode': 'IMMEDIATE'} and WAL mode.",
+                id="dbqueue.W003",
+            )
+        )
     retry_after = int(conf.get("RETRY_AFTER"))
     if timeout and timeout >= retry_after:
-        messages.append(Warning(
-            f"--timeout {timeout} is not shorter than DBQUEUE['RETRY_AFTER'] ({retry_after} s).",
-            hint="A job still running when its reservation expires is reclaimed and runs twice.",
-            id="dbqueue.W004",
-        ))
+        messages.append(
+            Warning(
+                f"--timeout {timeout} is not shorter than DBQUEUE['RETRY_AFTER'] ({retry_after} s).",
+                hint="A job still running when its reservation expires is reclaimed and runs twice.",
+                id="dbqueue.W004",
+            )
+        )
     return messages

@@ -151,9 +151,16 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
         tracker = Tracker(job.pk, chain)
         if definition.takes_context:
             context = JobContext(
-                job_id=job.pk, name=job.name, queue=job.queue, attempt=job.attempts,
-                tries=tries, worker_id=worker_id, tracker=tracker,
-                chain_id=chain["id"] if chain else None, step=step, steps=steps,
+                job_id=job.pk,
+                name=job.name,
+                queue=job.queue,
+                attempt=job.attempts,
+                tries=tries,
+                worker_id=worker_id,
+                tracker=tracker,
+                chain_id=chain["id"] if chain else None,
+                step=step,
+                steps=steps,
             )
             args = (context, *args)
         check_signature(definition, args, kwargs)
@@ -167,8 +174,7 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
         # too deep): the row cannot become a call, and running it again cannot help.
         reason = PayloadError(f"the stored call could not be prepared: {type(exc).__name__}: {exc}")
         reason.__cause__ = exc
-        return _failed(reason, started, f"{job.name} (job {job.pk}) cannot run: {reason}\n\n{_traceback(exc)}",
-                       tracker)
+        return _failed(reason, started, f"{job.name} (job {job.pk}) cannot run: {reason}\n\n{_traceback(exc)}", tracker)
 
     timeout = job.timeout or defaults.timeout
     try:
@@ -181,8 +187,7 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
                 result = definition.func(*args, **kwargs)
     except WorkerStopped as exc:
         # Forced shutdown: give the job back at once; it runs again elsewhere.
-        return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc),
-                       tracker=tracker)
+        return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc), tracker=tracker)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
         if isinstance(exc, PERMANENT_ERRORS):
             return _failed(exc, started, _traceback(exc), tracker)
@@ -190,8 +195,15 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
     return Outcome("succeeded", time.monotonic() - started, result=result, tracker=tracker)
 
 
-def _after_error(job: Job, exc: BaseException, envelope: dict[str, Any], tries: int, defaults: Defaults,
-                 started: float, tracker: Tracker | None) -> Outcome:
+def _after_error(
+    job: Job,
+    exc: BaseException,
+    envelope: dict[str, Any],
+    tries: int,
+    defaults: Defaults,
+    started: float,
+    tracker: Tracker | None,
+) -> Outcome:
     """Release the job for another attempt after its backoff, or fail it once its tries are used."""
     if job.attempts >= tries:
         return _failed(exc, started, _traceback(exc), tracker)
@@ -199,8 +211,9 @@ def _after_error(job: Job, exc: BaseException, envelope: dict[str, Any], tries: 
     if backoff is None or not registry.valid_backoff(backoff):
         backoff = defaults.backoff
     delay = registry.backoff_seconds(backoff, job.attempts)
-    return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc), delay=delay,
-                   tracker=tracker)
+    return Outcome(
+        "released", time.monotonic() - started, exception=exc, error=_traceback(exc), delay=delay, tracker=tracker
+    )
 
 
 def _failed(exc: BaseException, started: float, error: str, tracker: Tracker | None) -> Outcome:

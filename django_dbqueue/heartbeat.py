@@ -65,8 +65,9 @@ class Heartbeat:
     def __enter__(self) -> Heartbeat:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.stop()
 
     def _run(self) -> None:
@@ -78,16 +79,27 @@ class Heartbeat:
                 try:
                     extended = Job.objects.extend(self.job, worker_id=self.worker_id)
                 except DatabaseError as exc:
-                    logger.warning("heartbeat failed job=%s id=%s worker_id=%s retry_in=%ss: %s",
-                                   self.job.name, self.job.pk, self.worker_id, ERROR_RETRY, exc)
+                    logger.warning(
+                        "heartbeat failed job=%s id=%s worker_id=%s retry_in=%ss: %s",
+                        self.job.name,
+                        self.job.pk,
+                        self.worker_id,
+                        ERROR_RETRY,
+                        exc,
+                    )
                     drop_connection()
                     wait = min(self.interval, ERROR_RETRY)
                     continue
                 if not extended:
                     if not self._stopped.is_set():
-                        logger.warning("heartbeat stopped job=%s id=%s attempt=%s worker_id=%s: the reservation "
-                                       "is no longer this worker's", self.job.name, self.job.pk,
-                                       self.job.attempts, self.worker_id)
+                        logger.warning(
+                            "heartbeat stopped job=%s id=%s attempt=%s worker_id=%s: the reservation "
+                            "is no longer this worker's",
+                            self.job.name,
+                            self.job.pk,
+                            self.job.attempts,
+                            self.worker_id,
+                        )
                     return
                 self.beats += 1
                 wait = self.interval

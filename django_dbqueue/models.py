@@ -196,11 +196,7 @@ class JobManager(models.Manager["Job"]):
 
     def release(self, job: Job, *, delay: float = 0) -> bool:
         """Put a reserved job back, available after ``delay`` seconds."""
-        return bool(
-            self.get_queryset()
-            .held(job)
-            .update(reserved_at=None, reserved_by="", available_at=_after(delay))
-        )
+        return bool(self.get_queryset().held(job).update(reserved_at=None, reserved_by="", available_at=_after(delay)))
 
     def fail(
         self,
@@ -270,13 +266,16 @@ class JobManager(models.Manager["Job"]):
                 error = RECLAIMED_ERROR.format(
                     name=job.name, id=job.pk, attempts=job.attempts, retry_after=job.retry_after
                 )
-                done = self.fail(
-                    job,
-                    error=error,
-                    exception_class="django_dbqueue.exceptions.MaxAttemptsExceeded",
-                    reserved_at=job.reserved_at,
-                    follow_ups=_failure_follow_ups(job),
-                ) is not None
+                done = (
+                    self.fail(
+                        job,
+                        error=error,
+                        exception_class="django_dbqueue.exceptions.MaxAttemptsExceeded",
+                        reserved_at=job.reserved_at,
+                        follow_ups=_failure_follow_ups(job),
+                    )
+                    is not None
+                )
                 outcome = "failed"
             else:
                 done = bool(
@@ -290,7 +289,11 @@ class JobManager(models.Manager["Job"]):
                 reclaimed += 1
                 logger.warning(
                     "reclaimed job=%s id=%s attempt=%s reserved_by=%s outcome=%s",
-                    job.name, job.pk, job.attempts, job.reserved_by or "-", outcome,
+                    job.name,
+                    job.pk,
+                    job.attempts,
+                    job.reserved_by or "-",
+                    outcome,
                 )
         return reclaimed
 
@@ -312,13 +315,16 @@ class JobManager(models.Manager["Job"]):
             assert job.reserved_at is not None
             if job.attempts >= job.tries_allowed(tries_default):
                 elapsed = (job.db_now - job.reserved_at).total_seconds()
-                done = self.fail(
-                    job,
-                    error=error_for(elapsed),
-                    exception_class="django_dbqueue.exceptions.WorkerLost",
-                    reserved_at=job.reserved_at,
-                    follow_ups=_failure_follow_ups(job),
-                ) is not None
+                done = (
+                    self.fail(
+                        job,
+                        error=error_for(elapsed),
+                        exception_class="django_dbqueue.exceptions.WorkerLost",
+                        reserved_at=job.reserved_at,
+                        follow_ups=_failure_follow_ups(job),
+                    )
+                    is not None
+                )
             else:
                 done = self.release(job)
             count += done
@@ -422,9 +428,15 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
             jobs = Job.objects.bulk_enqueue(
                 [
                     Job(
-                        queue=row.queue, name=row.name, payload=row.payload, priority=row.priority,
-                        max_tries=row.max_tries, retry_after=row.retry_after, timeout=row.timeout,
-                        available_at=DbNow(), created_at=DbNow(),
+                        queue=row.queue,
+                        name=row.name,
+                        payload=row.payload,
+                        priority=row.priority,
+                        max_tries=row.max_tries,
+                        retry_after=row.retry_after,
+                        timeout=row.timeout,
+                        available_at=DbNow(),
+                        created_at=DbNow(),
                     )
                     for row in failed
                 ]

@@ -63,8 +63,9 @@ def queue_overview() -> list[QueueStats]:
     for row in rows:
         oldest = row["oldest"]
         age = max((row["clock"] - oldest).total_seconds(), 0.0) if oldest is not None else None
-        stats[row["queue"]] = QueueStats(row["queue"], row["waiting"], row["delayed"], row["reserved"],
-                                         failed.get(row["queue"], 0), age)
+        stats[row["queue"]] = QueueStats(
+            row["queue"], row["waiting"], row["delayed"], row["reserved"], failed.get(row["queue"], 0), age
+        )
     for queue, count in failed.items():
         stats.setdefault(queue, QueueStats(queue, failed=count))
     return sorted(stats.values(), key=lambda item: item.queue)
@@ -160,8 +161,11 @@ class Clearable:
 
 def clearable(queue: str) -> Clearable:
     """Count the waiting and delayed (not reserved) jobs of ``queue``."""
-    found = Job.objects.filter(queue=queue, reserved_at__isnull=True).order_by().aggregate(
-        count=Count("id"), last_id=Max("id"))
+    found = (
+        Job.objects.filter(queue=queue, reserved_at__isnull=True)
+        .order_by()
+        .aggregate(count=Count("id"), last_id=Max("id"))
+    )
     return Clearable(queue, found["count"], found["last_id"])
 
 

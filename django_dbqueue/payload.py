@@ -46,8 +46,7 @@ def encode_value(value: Any, path: str) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(
-                    f"{path} has the key {key!r} of type {_describe(key)}; "
-                    "JSON objects only have string keys"
+                    f"{path} has the key {key!r} of type {_describe(key)}; JSON objects only have string keys"
                 )
             encoded[key] = encode_value(item, f"{path}[{key!r}]")
         if TAG in encoded:
@@ -121,9 +120,7 @@ class ModelRef:
         try:
             model = apps.get_model(self.label)
         except (LookupError, ValueError) as exc:
-            raise PayloadError(
-                f"the argument refers to the model {self.label!r}, which is not installed"
-            ) from exc
+            raise PayloadError(f"the argument refers to the model {self.label!r}, which is not installed") from exc
         try:
             instance: models.Model = model._default_manager.get(pk=self.pk)
             return instance
@@ -186,8 +183,7 @@ def decode(payload: str) -> dict[str, Any]:
         or not isinstance(envelope.get("kwargs"), dict)
     ):
         raise PayloadError(
-            'the payload is not a job envelope: expected {"args": [...], "kwargs": {...}}, '
-            f"got {payload[:200]!r}"
+            f'the payload is not a job envelope: expected {{"args": [...], "kwargs": {{...}}}}, got {payload[:200]!r}'
         )
     return envelope
 

@@ -66,11 +66,19 @@ def clamp(percent: float) -> float:
     return round(max(0.0, min(100.0, float(percent))), 2)
 
 
-def set_progress(key: str, percent: float, stage: str = "", *, finished: bool = False, failed: bool = False,
-                 error: str = "") -> bool:
+def set_progress(
+    key: str, percent: float, stage: str = "", *, finished: bool = False, failed: bool = False, error: str = ""
+) -> bool:
     """Store the progress of ``key``; return False (and log) if it could not be stored."""
-    row = JobProgress(key=key, percent=clamp(percent), stage=stage[:200], finished=finished, failed=failed,
-                      error=error, updated_at=DbNow())
+    row = JobProgress(
+        key=key,
+        percent=clamp(percent),
+        stage=stage[:200],
+        finished=finished,
+        failed=failed,
+        error=error,
+        updated_at=DbNow(),
+    )
     try:
         wrapper = _writer()
         meta = JobProgress._meta
@@ -155,8 +163,9 @@ class Tracker:
         if self.chain:
             step, total = int(self.chain["step"]), int(self.chain["total"])
             last = step >= total
-            set_progress(self.key, self.overall(100), "finished" if last else f"step {step} of {total} done",
-                         finished=last)
+            set_progress(
+                self.key, self.overall(100), "finished" if last else f"step {step} of {total} done", finished=last
+            )
         elif self.reported:
             set_progress(self.key, 100, "finished", finished=True)
 

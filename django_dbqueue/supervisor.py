@@ -47,8 +47,9 @@ def describe_status(status: int) -> str:
 
 
 class Supervisor:
-    def __init__(self, options: WorkerOptions, concurrency: int,
-                 run_child: Callable[[WorkerOptions, str], int] | None = None) -> None:
+    def __init__(
+        self, options: WorkerOptions, concurrency: int, run_child: Callable[[WorkerOptions, str], int] | None = None
+    ) -> None:
         self.options = options
         self.concurrency = concurrency
         self.children: dict[int, tuple[str, float]] = {}
@@ -119,7 +120,8 @@ class Supervisor:
     def _reclaim(self, worker_id: str, how: str) -> None:
         try:
             count = Job.objects.reclaim_worker(
-                worker_id, default_tries=self.options.defaults.tries,
+                worker_id,
+                default_tries=self.options.defaults.tries,
                 error_for=lambda elapsed: LOST_ERROR.format(worker_id=worker_id, how=how, elapsed=elapsed),
             )
         except DatabaseError:
@@ -132,8 +134,9 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
-        logger.info("supervisor forwarding %s to %s worker process(es)",
-                    signal.Signals(signum).name, len(self.children))
+        logger.info(
+            "supervisor forwarding %s to %s worker process(es)", signal.Signals(signum).name, len(self.children)
+        )
         for pid in list(self.children):
             try:
                 os.kill(pid, signum)

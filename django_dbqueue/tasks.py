@@ -102,9 +102,13 @@ class DatabaseBackend(BaseTaskBackend):
             raise TypeError(f"Cannot enqueue {task.module_path}: its arguments must be JSON: {exc}") from None
         result_id = uuid.uuid4().hex
         step = {
-            "name": RUN_TASK, "queue": task.queue_name, "priority": task.priority,
-            "tries": self._option(task, "tries"), "retry_after": self._option(task, "retry_after"),
-            "timeout": self._option(task, "timeout"), "backoff": self._option(task, "backoff"),
+            "name": RUN_TASK,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "tries": self._option(task, "tries"),
+            "retry_after": self._option(task, "retry_after"),
+            "timeout": self._option(task, "timeout"),
+            "backoff": self._option(task, "backoff"),
             **payload.encode_arguments((result_id,), {}),
         }
         row = build_row(step)
@@ -113,9 +117,16 @@ class DatabaseBackend(BaseTaskBackend):
         with transaction.atomic(using=alias()):
             row.save(force_insert=True, using=alias())
             record = TaskResultRecord.objects.create(
-                id=result_id, task_path=task.module_path, backend=self.alias, queue=task.queue_name,
-                priority=task.priority, status=TaskResultStatus.READY, args=stored_args, kwargs=stored_kwargs,
-                job_id=row.pk, enqueued_at=DbNow(),
+                id=result_id,
+                task_path=task.module_path,
+                backend=self.alias,
+                queue=task.queue_name,
+                priority=task.priority,
+                status=TaskResultStatus.READY,
+                args=stored_args,
+                kwargs=stored_kwargs,
+                job_id=row.pk,
+                enqueued_at=DbNow(),
             )
         if hasattr(record.enqueued_at, "resolve_expression"):
             record.refresh_from_db(fields=["enqueued_at"])
@@ -133,22 +144,32 @@ class DatabaseBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> list[Any]:
         messages: list[Any] = list(super().check(**kwargs))
         if not apps.is_installed("django_dbqueue"):
-            messages.append(checks.Error(
-                f"TASKS[{self.alias!r}] uses django-dbqueue, which is not in INSTALLED_APPS.",
-                hint="Add 'django_dbqueue' to INSTALLED_APPS and run migrate.", id="dbqueue.E007",
-            ))
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses django-dbqueue, which is not in INSTALLED_APPS.",
+                    hint="Add 'django_dbqueue' to INSTALLED_APPS and run migrate.",
+                    id="dbqueue.E007",
+                )
+            )
         vendor = connections[alias()].vendor if alias() in connections else None
         if vendor is not None and vendor not in CLAIM_VENDORS:
-            messages.append(checks.Error(
-                f"TASKS[{self.alias!r}] stores tasks in the database {alias()!r} ({vendor}), where "
-                "django-dbqueue cannot claim jobs safely.",
-                hint="Use PostgreSQL, MariaDB >= 10.6, MySQL >= 8 or SQLite for DBQUEUE['DATABASE'].",
-                id="dbqueue.E010",
-            ))
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] stores tasks in the database {alias()!r} ({vendor}), where "
+                    "django-dbqueue cannot claim jobs safely.",
+                    hint="Use PostgreSQL, MariaDB >= 10.6, MySQL >= 8 or SQLite for DBQUEUE['DATABASE'].",
+                    id="dbqueue.E010",
+                )
+            )
         for key in self.options:
             if key not in OPTION_KEYS:
-                messages.append(checks.Error(f"TASKS[{self.alias!r}]['OPTIONS'] has an unknown key {key!r}.",
-                                             hint=f"Known keys: {', '.join(OPTION_KEYS)}.", id="dbqueue.E008"))
+                messages.append(
+                    checks.Error(
+                        f"TASKS[{self.alias!r}]['OPTIONS'] has an unknown key {key!r}.",
+                        hint=f"Known keys: {', '.join(OPTION_KEYS)}.",
+                        id="dbqueue.E008",
+                    )
+                )
         return messages
 
 
@@ -172,16 +193,23 @@ def find_task(task_path: str, *, importing: bool = False) -> Task[..., Any]:
 
 
 def _errors(record: TaskResultRecord) -> list[TaskError]:
-    return [TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
-            for e in record.errors]
+    return [TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in record.errors]
 
 
 def to_task_result(record: TaskResultRecord, task: Task[..., Any]) -> TaskResult[Any, Any]:
     result = TaskResult(
-        task=task, id=record.id, status=TaskResultStatus(record.status), enqueued_at=record.enqueued_at,
-        started_at=record.started_at, finished_at=record.finished_at,
-        last_attempted_at=record.last_attempted_at, args=record.args, kwargs=record.kwargs,
-        backend=record.backend, errors=_errors(record), worker_ids=list(record.worker_ids),
+        task=task,
+        id=record.id,
+        status=TaskResultStatus(record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=record.args,
+        kwargs=record.kwargs,
+        backend=record.backend,
+        errors=_errors(record),
+        worker_ids=list(record.worker_ids),
     )
     object.__setattr__(result, "_return_value", record.return_value)
     return result
@@ -248,8 +276,13 @@ def run_task(context: JobContext, result_id: str) -> Any:
     except BaseException as exc:
         last = not isinstance(exc, WorkerStopped) and context.is_last_attempt
         cls = type(exc)
-        record.errors = [*record.errors, {"exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-                                          "traceback": "".join(traceback.format_exception(exc))}]
+        record.errors = [
+            *record.errors,
+            {
+                "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
+                "traceback": "".join(traceback.format_exception(exc)),
+            },
+        ]
         record.status = TaskResultStatus.FAILED if last else TaskResultStatus.READY
         record.finished_at = DbNow() if last else None
         record.save(update_fields=["errors", "status", "finished_at"])
@@ -275,12 +308,10 @@ def _follow_retried_job(sender: Any, job: Job, **kwargs: Any) -> None:
         result_id = payload.decode(job.payload)["args"][0]
     except (PayloadError, IndexError, KeyError):
         return
-    TaskResultRecord.objects.filter(pk=result_id).update(
-        job_id=job.pk, status=TaskResultStatus.READY, finished_at=None)
+    TaskResultRecord.objects.filter(pk=result_id).update(job_id=job.pk, status=TaskResultStatus.READY, finished_at=None)
 
 
 def prune_results(hours: float) -> int:
     """Delete finished task results older than ``hours``; return how many."""
     deleted, _ = TaskResultRecord.objects.filter(finished_at__lt=DbNow() - timedelta(hours=hours)).delete()
     return deleted
-

@@ -152,8 +152,9 @@ class Worker:
                 return StopReason.ONCE
             # After a job, so a worker that starts above the limit still makes progress.
             if options.memory is not None and (used := memory_mb()) >= options.memory:
-                logger.warning("memory limit reached worker_id=%s memory_mb=%.0f limit_mb=%s",
-                               self.worker_id, used, options.memory)
+                logger.warning(
+                    "memory limit reached worker_id=%s memory_mb=%.0f limit_mb=%s", self.worker_id, used, options.memory
+                )
                 return StopReason.MEMORY
             if options.rest > 0:
                 self.wait(options.rest)
@@ -182,8 +183,10 @@ class Worker:
         if time.monotonic() - self._pruned < PRUNE_INTERVAL:
             return
         self._pruned = time.monotonic()
-        for setting, what, prune in (("PROGRESS_MAX_AGE", "progress rows", progress.prune),
-                                     ("RESULT_MAX_AGE", "task results", _prune_results)):
+        for setting, what, prune in (
+            ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
+            ("RESULT_MAX_AGE", "task results", _prune_results),
+        ):
             max_age = conf.get(setting)
             if max_age is None:
                 continue
@@ -230,7 +233,9 @@ class Worker:
             if self._reserve_errors:
                 self._release_lost_claims()
             jobs = Job.objects.reserve_many(
-                self.options.queues, limit=limit, worker_id=self.worker_id,
+                self.options.queues,
+                limit=limit,
+                worker_id=self.worker_id,
                 default_tries=self.options.defaults.tries,
             )
         except DatabaseError as exc:
@@ -245,8 +250,9 @@ class Worker:
         try:
             Job.objects.release(job)
         except DatabaseError as exc:
-            logger.warning("could not release job=%s id=%s: %s; it is reclaimed after retry_after",
-                           job.name, job.pk, exc)
+            logger.warning(
+                "could not release job=%s id=%s: %s; it is reclaimed after retry_after", job.name, job.pk, exc
+            )
 
     def _release_prefetched(self) -> None:
         while self._prefetched:
@@ -263,8 +269,12 @@ class Worker:
         held = Job.objects.reserved().filter(reserved_by=self.worker_id).exclude(pk__in=self._unrecorded)
         for job in held:
             if Job.objects.release(job):
-                logger.warning("released job=%s id=%s attempt=%s: its claim committed but the reply was lost",
-                               job.name, job.pk, job.attempts)
+                logger.warning(
+                    "released job=%s id=%s attempt=%s: its claim committed but the reply was lost",
+                    job.name,
+                    job.pk,
+                    job.attempts,
+                )
 
     def process(self, job: Job) -> Outcome:
         """Run a reserved job and record its outcome under a heartbeat, then send signals and log."""
@@ -280,15 +290,24 @@ class Worker:
         logger.log(
             logging.INFO if outcome.status == "succeeded" else logging.WARNING,
             "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s",
-            job.name, job.pk, job.queue, job.attempts, outcome.status, outcome.duration,
+            job.name,
+            job.pk,
+            job.queue,
+            job.attempts,
+            outcome.status,
+            outcome.duration,
             f" retry_in={outcome.delay:g}s" if outcome.status == "released" else "",
             f" error={outcome.exception_class}" if outcome.exception is not None else "",
         )
         if stored is None:
             self._unrecorded.add(job.pk)
         if stored is False:
-            logger.warning("reservation lost job=%s id=%s attempt=%s: another worker holds it, outcome not recorded",
-                           job.name, job.pk, job.attempts)
+            logger.warning(
+                "reservation lost job=%s id=%s attempt=%s: another worker holds it, outcome not recorded",
+                job.name,
+                job.pk,
+                job.attempts,
+            )
         return outcome
 
     def _execute(self, job: Job) -> Outcome:
@@ -317,8 +336,9 @@ class Worker:
             elif outcome.status == "released":
                 stored = Job.objects.release(job, delay=outcome.delay)
             else:
-                failed_job = Job.objects.fail(job, error=outcome.error, exception_class=outcome.exception_class,
-                                              follow_ups=follow_ups)
+                failed_job = Job.objects.fail(
+                    job, error=outcome.error, exception_class=outcome.exception_class, follow_ups=follow_ups
+                )
                 stored = failed_job is not None
             if not stored and tries > 1:
                 # The try that lost its connection may have committed before the reply was lost.
@@ -344,14 +364,30 @@ class Worker:
                 elif outcome.status == "failed":
                     outcome.tracker.failed(outcome.error)
         if outcome.status == "succeeded":
-            _send(signals.job_succeeded, job=job, worker_id=self.worker_id,
-                  duration=outcome.duration, result=outcome.result)
+            _send(
+                signals.job_succeeded,
+                job=job,
+                worker_id=self.worker_id,
+                duration=outcome.duration,
+                result=outcome.result,
+            )
         elif outcome.status == "released":
-            _send(signals.job_released, job=job, worker_id=self.worker_id, duration=outcome.duration,
-                  exception=outcome.exception, delay=outcome.delay)
+            _send(
+                signals.job_released,
+                job=job,
+                worker_id=self.worker_id,
+                duration=outcome.duration,
+                exception=outcome.exception,
+                delay=outcome.delay,
+            )
         else:
-            _send(signals.job_failed, job=job, failed_job=failed_job, worker_id=self.worker_id,
-                  exception=outcome.exception)
+            _send(
+                signals.job_failed,
+                job=job,
+                failed_job=failed_job,
+                worker_id=self.worker_id,
+                exception=outcome.exception,
+            )
 
     def _retry_database(self, action: Callable[[], T], what: str) -> T | None:
         attempt = 0
@@ -375,8 +411,14 @@ class Worker:
         # A fresh connection costs little on this path and clears any broken state.
         drop_connection()
         delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
-        logger.warning("database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",
-                       what, self.worker_id, lost, delay, exc)
+        logger.warning(
+            "database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",
+            what,
+            self.worker_id,
+            lost,
+            delay,
+            exc,
+        )
         # Not cut short by a first stop signal: recording the current outcome is
         # part of finishing the current job.
         self.wait(delay, until_stop=False)
@@ -410,8 +452,11 @@ class Worker:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
         if self._signals == 1:
-            logger.info("stopping worker_id=%s signal=%s: finishing the current job",
-                        self.worker_id, signal.Signals(signum).name)
+            logger.info(
+                "stopping worker_id=%s signal=%s: finishing the current job",
+                self.worker_id,
+                signal.Signals(signum).name,
+            )
             self.request_stop()
         elif self.in_job:
             logger.warning("stopping now worker_id=%s: releasing the current job", self.worker_id)

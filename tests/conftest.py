@@ -53,7 +53,10 @@ class WorkerProcess:
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "django", "queue_work", *args],
-            cwd=ROOT, env=environment, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=environment,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
 
     @property

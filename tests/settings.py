@@ -40,8 +40,7 @@ elif DB == "sqlite":
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": _path,
-            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE",
-                        "init_command": "PRAGMA journal_mode=WAL;"},
+            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
             "TEST": {"NAME": _path + ".test"},
         }
     }

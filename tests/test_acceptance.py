@@ -90,8 +90,9 @@ def test_a_second_signal_releases_the_job_and_exits_at_once(worker_process):
 def test_a_job_blocked_in_c_code_is_stopped_and_the_supervisor_carries_on(worker_process):
     jobs.block_in_c.enqueue("stuck")
     jobs.record.enqueue("after")
-    process = worker_process("--concurrency", "1", "--stop-when-empty", "--sleep", "0.05",
-                             env={"DBQUEUE_TEST_TIMEOUT_GRACE": "1"})
+    process = worker_process(
+        "--concurrency", "1", "--stop-when-empty", "--sleep", "0.05", env={"DBQUEUE_TEST_TIMEOUT_GRACE": "1"}
+    )
     assert process.wait(timeout=60) == 0, process.output()
     failed = FailedJob.objects.get()
     assert failed.exception_class == "django_dbqueue.exceptions.WorkerLost"
@@ -134,8 +135,9 @@ def test_a_worker_over_its_memory_limit_is_replaced(worker_process):
     assert process.output().count("worker process recycled") == 3
 
 
-@pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'",
-                    reason="SQLite has no server connection to drop")
+@pytest.mark.skipif(
+    "os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'", reason="SQLite has no server connection to drop"
+)
 def test_a_worker_survives_its_database_connection_being_killed(worker_process):
     process = worker_process("--sleep", "0.05")
     jobs.record.enqueue("before")
@@ -143,8 +145,7 @@ def test_a_worker_survives_its_database_connection_being_killed(worker_process):
     killed = kill_other_connections()
     assert killed >= 1
     jobs.record.enqueue("after")
-    wait_until(lambda: Run.objects.filter(key="after").exists(), 30,
-               f"the worker did not recover:\n{process.output()}")
+    wait_until(lambda: Run.objects.filter(key="after").exists(), 30, f"the worker did not recover:\n{process.output()}")
     assert "connection_lost=True" in process.output()
     assert process.process.poll() is None
     process.signal(signal.SIGTERM)

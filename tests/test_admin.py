@@ -22,8 +22,11 @@ def make_failed(key: str, queue: str = "default") -> FailedJob:
     """A failed job made the way the worker makes one."""
     jobs.always_fail.using(queue=queue).enqueue(key)
     job = Job.objects.reserve([queue])
-    failed = Job.objects.fail(job, error=f"Traceback (most recent call last):\n  ...\nValueError: {key} broke",
-                              exception_class="builtins.ValueError")
+    failed = Job.objects.fail(
+        job,
+        error=f"Traceback (most recent call last):\n  ...\nValueError: {key} broke",
+        exception_class="builtins.ValueError",
+    )
     assert failed is not None
     return failed
 
@@ -32,11 +35,13 @@ def make_failed(key: str, queue: str = "default") -> FailedJob:
 def staff(db):
     def make(*codenames: str) -> Client:
         user = User.objects.create_user(f"user{User.objects.count()}", password="pw", is_staff=True)
-        user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_dbqueue",
-                                                            codename__in=codenames))
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="django_dbqueue", codename__in=codenames)
+        )
         client = Client()
         client.force_login(user)
         return client
+
     return make
 
 
@@ -65,8 +70,9 @@ def test_the_failed_job_page_shows_the_payload_as_indented_json_and_the_tracebac
 
 def test_retry_selected_puts_failed_jobs_back_as_fresh_jobs(admin):
     first, second, kept = make_failed("a"), make_failed("b"), make_failed("c")
-    response = admin.post(FAILED_LIST, {"action": "retry_selected", "_selected_action": [first.pk, second.pk]},
-                          follow=True)
+    response = admin.post(
+        FAILED_LIST, {"action": "retry_selected", "_selected_action": [first.pk, second.pk]}, follow=True
+    )
     assert "2 jobs were put back on the queue." in response.content.decode()
     assert list(FailedJob.objects.values_list("pk", flat=True)) == [kept.pk]
     waiting = Job.objects.waiting()
@@ -131,8 +137,7 @@ def test_the_job_list_shows_each_state_and_filters_by_it(admin):
     page = admin.get(JOB_LIST).content.decode()
     for state in ("waiting", "delayed", "reserved", "reservation expired"):
         assert f'<td class="field-state">{state}</td>' in page
-    for state, queue in (("waiting", "default"), ("delayed", "default"), ("reserved", "busy"),
-                         ("expired", "stale")):
+    for state, queue in (("waiting", "default"), ("delayed", "default"), ("reserved", "busy"), ("expired", "stale")):
         rows = admin.get(JOB_LIST, {"state": state}).context["cl"].result_list
         assert [job.queue for job in rows] == [queue], state
 
@@ -150,8 +155,7 @@ def test_release_expired_reclaims_only_expired_reservations(admin):
     stale = Job.objects.reserve(["stale"])
     busy = Job.objects.reserve(["busy"])
     Job.objects.filter(pk=stale.pk).update(reserved_at=F("reserved_at") - dt.timedelta(hours=1))
-    response = admin.post(JOB_LIST, {"action": "release_expired", "_selected_action": [stale.pk, busy.pk]},
-                          follow=True)
+    response = admin.post(JOB_LIST, {"action": "release_expired", "_selected_action": [stale.pk, busy.pk]}, follow=True)
     assert "1 expired reservation was released." in response.content.decode()
     assert Job.objects.get(pk=stale.pk).reserved_at is None
     assert Job.objects.get(pk=busy.pk).reserved_at is not None

@@ -49,7 +49,8 @@ def test_the_next_step_is_enqueued_in_the_transaction_that_deletes_the_finished_
 
 def test_a_failing_middle_step_stops_the_chain_and_keeps_the_rest_visible():
     pipeline = chain(jobs.step.bind("f", 1), jobs.failing_step.bind("f", 2), jobs.step.bind("f", 3)).on_failure(
-        jobs.record.bind("f-cleanup"))
+        jobs.record.bind("f-cleanup")
+    )
     pipeline.enqueue()
     run_worker()
     assert run_keys() == ["f-1", "f-cleanup"]
@@ -74,7 +75,8 @@ def test_a_failing_middle_step_stops_the_chain_and_keeps_the_rest_visible():
 def test_then_callbacks_run_after_a_job_or_a_whole_chain_succeeds():
     jobs.step.bind("single", 1).then(jobs.record.bind("after-single")).enqueue()
     chain(jobs.step.bind("whole", 1), jobs.step.bind("whole", 2)).then(
-        jobs.record.bind("after-chain-a"), jobs.record.bind("after-chain-b")).enqueue()
+        jobs.record.bind("after-chain-a"), jobs.record.bind("after-chain-b")
+    ).enqueue()
     run_worker()
     keys = run_keys()
     assert keys.index("after-single") > keys.index("single-1")
@@ -117,7 +119,11 @@ def test_the_json_view_returns_progress_and_404_for_an_unknown_key():
     response = Client().get("/queue/progress/chain:abc/")
     assert response.status_code == 200 and response["Cache-Control"] == "no-store"
     assert {k: response.json()[k] for k in ("key", "percent", "stage", "finished")} == {
-        "key": "chain:abc", "percent": 42, "stage": "resizing", "finished": False}
+        "key": "chain:abc",
+        "percent": 42,
+        "stage": "resizing",
+        "finished": False,
+    }
     assert Client().get("/queue/progress/404/").status_code == 404
 
 

@@ -34,8 +34,17 @@ def test_an_unknown_key_is_reported_with_the_closest_known_key():
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("TRIES", 0), ("TRIES", "3"), ("RETRY_AFTER", 1.5), ("TIMEOUT", -1), ("BACKOFF", [1, "x"]),
-     ("SLEEP", -1), ("AUTODISCOVER", "yes"), ("QUEUE", ""), ("DATABASE", 3)],
+    [
+        ("TRIES", 0),
+        ("TRIES", "3"),
+        ("RETRY_AFTER", 1.5),
+        ("TIMEOUT", -1),
+        ("BACKOFF", [1, "x"]),
+        ("SLEEP", -1),
+        ("AUTODISCOVER", "yes"),
+        ("QUEUE", ""),
+        ("DATABASE", 3),
+    ],
 )
 def test_a_value_of_the_wrong_type_is_reported(key, value):
     with override_settings(DBQUEUE={key: value}):

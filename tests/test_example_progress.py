@@ -60,8 +60,14 @@ def example_env(tmp_path: Path) -> dict[str, str]:
     }
     for name in ("DATABASE_URL", "DBQUEUE_TEST_USE_TEST_DB"):
         env.pop(name, None)
-    result = subprocess.run([sys.executable, str(MANAGE), "migrate", "--no-input"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(MANAGE), "migrate", "--no-input"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, f"migrate failed:\n{result.stdout}\n{result.stderr}"
     return env
 
@@ -72,8 +78,14 @@ class Process:
     def __init__(self, log_path: Path, args: list[str], env: dict[str, str]) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.process = subprocess.Popen([sys.executable, str(MANAGE), *args], cwd=ROOT, env=env,
-                                        stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=die_with_pytest)
+        self.process = subprocess.Popen(
+            [sys.executable, str(MANAGE), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_pytest,
+        )
 
     def output(self) -> str:
         self._log.flush()
@@ -136,8 +148,16 @@ def browser_page() -> Iterator[Any]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         try:
             context = browser.new_context(viewport={"width": 900, "height": 480})
@@ -159,11 +179,17 @@ def test_the_progress_bar_follows_a_long_chain_to_the_end(manage, browser_page, 
     server = manage("runserver", "--noreload", f"127.0.0.1:{port}")
     worker = manage("queue_work", "--sleep", "0.1")
 
-    wait_for(lambda: status_of(f"{base}/") == 200 or not server.alive(), 60,
-             lambda: f"runserver did not answer within 60 s:\n{server.output()}")
+    wait_for(
+        lambda: status_of(f"{base}/") == 200 or not server.alive(),
+        60,
+        lambda: f"runserver did not answer within 60 s:\n{server.output()}",
+    )
     assert server.alive(), f"runserver exited:\n{server.output()}"
-    wait_for(lambda: "worker started" in worker.output() or not worker.alive(), 60,
-             lambda: f"queue_work did not start within 60 s:\n{worker.output()}")
+    wait_for(
+        lambda: "worker started" in worker.output() or not worker.alive(),
+        60,
+        lambda: f"queue_work did not start within 60 s:\n{worker.output()}",
+    )
     assert worker.alive(), f"queue_work exited:\n{worker.output()}"
     assert status_of(f"{base}/admin/login/") == 200
     assert status_of(f"{base}/queue/progress/chain:unknown/") == 404
@@ -175,14 +201,16 @@ def test_the_progress_bar_follows_a_long_chain_to_the_end(manage, browser_page, 
     key = page.url.rstrip("/").rsplit("/", 1)[1]
 
     def read() -> dict[str, Any]:
-        return dict(page.evaluate("""() => {
+        return dict(
+            page.evaluate("""() => {
             const box = document.getElementById("chain-progress");
             return {state: box.dataset.state,
                     percent: Number(box.querySelector("[role=progressbar]").getAttribute("aria-valuenow")),
                     width: box.querySelector(".fill").style.width,
                     stage: box.querySelector(".stage").textContent,
                     shown: box.querySelector(".percent").textContent};
-        }"""))
+        }""")
+        )
 
     # Four steps of about 1.6 s: the chain takes some 7 s; allow for a slow machine.
     seen: list[dict[str, Any]] = []
@@ -199,8 +227,9 @@ def test_the_progress_bar_follows_a_long_chain_to_the_end(manage, browser_page, 
             screenshot_taken = True
         time.sleep(0.1)
     else:
-        raise AssertionError(f"the page did not reach finished within 90 s; last state {seen[-1]}\n"
-                             f"worker:\n{worker.output()}")
+        raise AssertionError(
+            f"the page did not reach finished within 90 s; last state {seen[-1]}\nworker:\n{worker.output()}"
+        )
 
     final = seen[-1]
     assert final["state"] == "finished", f"{final}\nworker:\n{worker.output()}"

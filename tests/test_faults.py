@@ -72,8 +72,11 @@ def test_a_killed_workers_long_job_is_still_reclaimed_after_its_retry_after(work
     first.signal(signal.SIGKILL)
     first.wait(timeout=10)
     killed = time.monotonic()
-    wait_until(lambda: Attempt.objects.filter(key="orphan", attempt=2).exists(), 15,
-               f"the dead worker's job was not reclaimed:\n{second.output()}")
+    wait_until(
+        lambda: Attempt.objects.filter(key="orphan", attempt=2).exists(),
+        15,
+        f"the dead worker's job was not reclaimed:\n{second.output()}",
+    )
     # The last heartbeat was at most retry_after / 3 before the kill.
     assert time.monotonic() - killed < 2 + 1.5
     wait_until(lambda: Run.objects.filter(key="orphan").exists(), 30, "the job never ran again")
@@ -82,8 +85,6 @@ def test_a_killed_workers_long_job_is_still_reclaimed_after_its_retry_after(work
     second.signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 0
     assert not Job.objects.exists() and not FailedJob.objects.exists()
-
-
 
 
 # -- poison input in a real process ------------------------------------------------------------
@@ -95,22 +96,37 @@ POISON = {
     "args-not-a-list": ("tests.add", '{"args": "12", "kwargs": {}}', "PayloadError", "not a job envelope"),
     "kwargs-not-a-dict": ("tests.add", '{"args": [1, 2], "kwargs": [3]}', "PayloadError", "not a job envelope"),
     "a-json-string": ("tests.add", '"args"', "PayloadError", "not a job envelope"),
-    "model-pk-of-the-wrong-type": ("tests.testapp.jobs.touch_order", '{"args": [%s], "kwargs": {}}' % (MODEL % '"A-1"'),
-                                   "PayloadError", "'A-1'"),
-    "model-pk-a-list": ("tests.testapp.jobs.touch_order", '{"args": [%s], "kwargs": {}}' % (MODEL % "[1, 2]"),
-                        "PayloadError", "[1, 2]"),
+    "model-pk-of-the-wrong-type": (
+        "tests.testapp.jobs.touch_order",
+        '{"args": [%s], "kwargs": {}}' % (MODEL % '"A-1"'),
+        "PayloadError",
+        "'A-1'",
+    ),
+    "model-pk-a-list": (
+        "tests.testapp.jobs.touch_order",
+        '{"args": [%s], "kwargs": {}}' % (MODEL % "[1, 2]"),
+        "PayloadError",
+        "[1, 2]",
+    ),
     # A context job reads its position when it starts; any chain step reports progress when it ends.
     "chain-step-not-a-number": (
         "tests.testapp.jobs.fail_once",
         '{"args": ["c"], "kwargs": {}, "chain": {"id": "c1", "step": "two", "total": 3}}',
-        "PayloadError", "chain position",
+        "PayloadError",
+        "chain position",
     ),
     "chain-total-missing-its-value": (
-        "tests.add", '{"args": [1, 2], "kwargs": {}, "chain": {"id": "c2", "step": 1, "total": null}}',
-        "PayloadError", "chain position",
+        "tests.add",
+        '{"args": [1, 2], "kwargs": {}, "chain": {"id": "c2", "step": 1, "total": null}}',
+        "PayloadError",
+        "chain position",
     ),
-    "nested-too-deep": ("tests.add", '{"args": [' + "[" * 100_000 + "]" * 100_000 + '], "kwargs": {}}',
-                        "PayloadError", "RecursionError"),
+    "nested-too-deep": (
+        "tests.add",
+        '{"args": [' + "[" * 100_000 + "]" * 100_000 + '], "kwargs": {}}',
+        "PayloadError",
+        "RecursionError",
+    ),
 }
 
 
@@ -121,8 +137,11 @@ def test_poison_rows_fail_at_once_with_a_reason_and_the_worker_process_keeps_ser
     }
     jobs.record.enqueue("after-poison")
     process = worker_process("--sleep", "0.05")
-    wait_until(lambda: Run.objects.filter(key="after-poison").exists(), 60,
-               f"the worker did not get past the poison rows:\n{process.output()}")
+    wait_until(
+        lambda: Run.objects.filter(key="after-poison").exists(),
+        60,
+        f"the worker did not get past the poison rows:\n{process.output()}",
+    )
     assert process.process.poll() is None, process.output()
     for label, row in rows.items():
         failed = FailedJob.objects.get(job_id=row.pk)
@@ -140,8 +159,11 @@ def test_system_exit_and_keyboard_interrupt_from_a_job_do_not_end_a_worker_proce
     jobs.raise_keyboard_interrupt.enqueue()
     jobs.record.enqueue("after-exits")
     process = worker_process("--sleep", "0.05")
-    wait_until(lambda: Run.objects.filter(key="after-exits").exists() and FailedJob.objects.count() == 2, 60,
-               f"the worker did not carry on:\n{process.output()}")
+    wait_until(
+        lambda: Run.objects.filter(key="after-exits").exists() and FailedJob.objects.count() == 2,
+        60,
+        f"the worker did not carry on:\n{process.output()}",
+    )
     assert process.process.poll() is None, process.output()
     failures = dict(FailedJob.objects.values_list("name", "exception_class"))
     assert failures == {
@@ -179,8 +201,10 @@ def test_a_job_leaking_past_the_memory_limit_restarts_its_process_and_loses_no_j
 # -- the database goes away: a restarted server, killed connections ----------------------------
 
 # One log line per job outcome (see "Running workers" in the README).
-OUTCOME = re.compile(r"job=(?P<name>\S+) id=(?P<id>\d+) queue=\S+ attempt=(?P<attempt>\d+) "
-                     r"outcome=(?P<outcome>\w+) duration=\S+(?: retry_in=\S+)?(?: error=(?P<error>\S+))?")
+OUTCOME = re.compile(
+    r"job=(?P<name>\S+) id=(?P<id>\d+) queue=\S+ attempt=(?P<attempt>\d+) "
+    r"outcome=(?P<outcome>\w+) duration=\S+(?: retry_in=\S+)?(?: error=(?P<error>\S+))?"
+)
 CONNECTION_ERRORS = {"django.db.utils.OperationalError", "django.db.utils.InterfaceError"}
 INTEGRITY_ERROR = "django.db.utils.IntegrityError"
 
@@ -228,9 +252,13 @@ def assert_each_job_ran_once(expected_keys: set[str], logs: str) -> dict[str, in
     assert len(failed) == ambiguous
     for line in ("reclaimed", "reservation lost", "giving up", "crashed", "Traceback"):
         assert line not in logs, f"{line!r} in the workers' logs"
-    return {"jobs": len(attempts), "reruns": reruns, "ambiguous_commits": ambiguous,
-            "db_errors": logs.count("connection_lost=True"),
-            "record_errors": logs.count("database error during record")}
+    return {
+        "jobs": len(attempts),
+        "reruns": reruns,
+        "ambiguous_commits": ambiguous,
+        "db_errors": logs.count("connection_lost=True"),
+        "record_errors": logs.count("database error during record"),
+    }
 
 
 def postgres_version() -> str | None:
@@ -242,8 +270,12 @@ def postgres_version() -> str | None:
 def restart_postgres() -> float:
     """Restart the local cluster (fast shutdown: every session ends); return the seconds it took."""
     started = time.monotonic()
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", str(postgres_version()), "main", "restart"],
-                   check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", str(postgres_version()), "main", "restart"],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     # This process's connection died with the server: the next query opens a new one.
     connection.close()
     return time.monotonic() - started
@@ -253,8 +285,10 @@ def can_restart_postgres() -> tuple[bool, str]:
     if connection.vendor != "postgresql":
         return False, "restarts a PostgreSQL server"
     if not os.environ.get("DBQUEUE_TEST_RESTART_POSTGRES"):
-        return False, ("restarting PostgreSQL ends every session on the server, other test runs included; "
-                       "set DBQUEUE_TEST_RESTART_POSTGRES=1 where the server is this run's alone (CI)")
+        return False, (
+            "restarting PostgreSQL ends every session on the server, other test runs included; "
+            "set DBQUEUE_TEST_RESTART_POSTGRES=1 where the server is this run's alone (CI)"
+        )
     if not shutil.which("pg_ctlcluster") or postgres_version() is None:
         return False, "needs a local Debian PostgreSQL cluster (pg_ctlcluster)"
     return True, ""
@@ -271,8 +305,11 @@ def test_four_workers_drain_5000_jobs_through_postgresql_restarts(worker_process
     workers = set(children_of(process.pid))
     downtime = []
     for share in (0.2, 0.5):
-        wait_until(lambda share=share: Run.objects.count() >= total * share, 120,
-                   f"the workers stopped draining:\n{process.output()[-3000:]}")
+        wait_until(
+            lambda share=share: Run.objects.count() >= total * share,
+            120,
+            f"the workers stopped draining:\n{process.output()[-3000:]}",
+        )
         downtime.append(restart_postgres())
         assert Job.objects.exists(), "the queue drained before the restart: enqueue more jobs"
     wait_until(lambda: not Job.objects.exists(), 240, f"jobs were stranded:\n{process.output()[-3000:]}")
@@ -293,19 +330,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'",
-                    reason="SQLite has no server connection to kill")
+@pytest.mark.skipif(
+    "os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'", reason="SQLite has no server connection to kill"
+)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_workers_drain_every_job_once_while_their_connections_are_killed_again_and_again(worker_process, batch):
     orders = Order.objects.bulk_create([Order(number=f"K-{i}") for i in range(100)])
-    enqueue_many(
-        [jobs.record.bind(f"r{i}") for i in range(2000)]
-        + [jobs.touch_order.bind(order) for order in orders]
-    )
+    enqueue_many([jobs.record.bind(f"r{i}") for i in range(2000)] + [jobs.touch_order.bind(order) for order in orders])
     for i in range(50):
         chain(jobs.step.bind(f"c{i}", 1), jobs.step.bind(f"c{i}", 2), jobs.step.bind(f"c{i}", 3)).enqueue()
-    expected = ({f"r{i}" for i in range(2000)} | {f"order-{order.pk}" for order in orders}
-                | {f"c{i}-{n}" for i in range(50) for n in (1, 2, 3)})
+    expected = (
+        {f"r{i}" for i in range(2000)}
+        | {f"order-{order.pk}" for order in orders}
+        | {f"c{i}-{n}" for i in range(50) for n in (1, 2, 3)}
+    )
     workers = [worker_process("--sleep", "0.05", "--batch", str(batch)) for _ in range(4)]
     wait_until(lambda: Run.objects.count() >= 200, 60, f"the workers never started:\n{workers[0].output()}")
     kills, rounds, until = 0, 0, time.monotonic() + 8
@@ -337,8 +375,9 @@ def test_a_query_the_database_refuses_is_not_taken_for_a_lost_connection():
     assert not is_connection_error(refused.value)
 
 
-@pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'",
-                    reason="SQLite has no server connection to kill")
+@pytest.mark.skipif(
+    "os.environ.get('DBQUEUE_TEST_DB', 'sqlite') == 'sqlite'", reason="SQLite has no server connection to kill"
+)
 @pytest.mark.parametrize("in_transaction", [False, True])
 def test_a_killed_session_is_taken_for_a_lost_connection(in_transaction):
     with connection.cursor() as cursor:
@@ -366,7 +405,8 @@ def test_after_a_failed_reserve_a_worker_releases_its_lost_claims_but_not_a_job_
     unrecorded = jobs.record.enqueue("unrecorded")
     worker = Worker(WorkerOptions(queues=["elsewhere"], defaults=Defaults(tries=3, timeout=30, backoff=0)))
     Job.objects.filter(pk__in=[lost_claim.pk, unrecorded.pk]).update(
-        attempts=1, reserved_at=Now(), reserved_by=worker.worker_id)
+        attempts=1, reserved_at=Now(), reserved_by=worker.worker_id
+    )
     worker._unrecorded.add(unrecorded.pk)
     worker._reserve_errors = 1
     assert worker.reserve() == []

@@ -30,19 +30,31 @@ from tests.testapp.models import Run
 db = pytest.mark.django_db
 
 COMMANDS = [
-    "queue_failed", "queue_retry", "queue_forget", "queue_flush", "queue_prune_failed",
-    "queue_clear", "queue_monitor", "queue_restart",
+    "queue_failed",
+    "queue_retry",
+    "queue_forget",
+    "queue_flush",
+    "queue_prune_failed",
+    "queue_clear",
+    "queue_monitor",
+    "queue_restart",
 ]
 
 
-def fail(definition: Any = jobs.record, *args: Any, queue: str = "default",
-         exception_class: str = "builtins.ValueError", hours_ago: float | None = None) -> FailedJob:
+def fail(
+    definition: Any = jobs.record,
+    *args: Any,
+    queue: str = "default",
+    exception_class: str = "builtins.ValueError",
+    hours_ago: float | None = None,
+) -> FailedJob:
     """Enqueue a job, reserve it and fail it, as a worker would; optionally backdate it."""
     job = definition.using(queue=queue).enqueue(*(args or ("key",)))
     reserved = Job.objects.reserve([queue])
     assert reserved is not None and reserved.pk == job.pk, "another job was waiting in the queue"
-    failed = Job.objects.fail(reserved, error=f"Traceback ...\n{exception_class}: boom",
-                              exception_class=exception_class)
+    failed = Job.objects.fail(
+        reserved, error=f"Traceback ...\n{exception_class}: boom", exception_class=exception_class
+    )
     assert failed is not None
     if hours_ago is not None:
         FailedJob.objects.filter(pk=failed.pk).update(failed_at=timezone.now() - timedelta(hours=hours_ago))
@@ -204,15 +216,17 @@ def test_a_retried_job_runs_again():
 def test_retry_of_an_id_that_does_not_exist_names_it_and_retries_nothing():
     failed = fail(jobs.record, "k")
     message = error_of("queue_retry", str(failed.pk), str(failed.pk + 1), f"{failed.pk + 5}-{failed.pk + 7}")
-    assert message == (f"Nothing was retried: no failed job has the ids {failed.pk + 1}, "
-                       f"{failed.pk + 5}-{failed.pk + 7}.")
+    assert message == (
+        f"Nothing was retried: no failed job has the ids {failed.pk + 1}, {failed.pk + 5}-{failed.pk + 7}."
+    )
     assert FailedJob.objects.filter(pk=failed.pk).exists() and not Job.objects.exists()
 
 
 @db
 def test_retry_without_a_selection_says_what_to_pass():
     assert error_of("queue_retry") == (
-        "Say which failed jobs to retry: ids (queue_retry 3 5-9 12,14), --queue QUEUE, --name NAME, or all.")
+        "Say which failed jobs to retry: ids (queue_retry 3 5-9 12,14), --queue QUEUE, --name NAME, or all."
+    )
 
 
 @pytest.mark.parametrize("args", [["3", "all"], ["3", "--queue", "emails"], ["all", "--name", "x"]])
@@ -231,7 +245,8 @@ def test_retry_by_queue_by_name_and_by_both():
     assert "1 job(s)" in run("queue_retry", "--queue", "emails")
     assert not FailedJob.objects.exists()
     assert sorted(Job.objects.values_list("payload", flat=True)) == sorted(
-        row.payload for row in (emails_record, emails_other, default_record))
+        row.payload for row in (emails_record, emails_other, default_record)
+    )
     assert sorted(Job.objects.values_list("queue", flat=True)) == ["default", "emails", "emails"]
 
 
@@ -293,11 +308,9 @@ def test_prune_failed_deletes_the_failed_jobs_older_than_hours():
     fail(jobs.record, "old", hours_ago=30)
     fail(jobs.record, "older", hours_ago=50)
     recent = fail(jobs.record, "recent")
-    assert run("queue_prune_failed", "--hours", "24").strip() == (
-        "2 failed job(s) older than 24 hours were deleted.")
+    assert run("queue_prune_failed", "--hours", "24").strip() == ("2 failed job(s) older than 24 hours were deleted.")
     assert list(FailedJob.objects.values_list("pk", flat=True)) == [recent.pk]
-    assert run("queue_prune_failed", "--hours", "0.5").strip() == (
-        "0 failed job(s) older than 0.5 hours were deleted.")
+    assert run("queue_prune_failed", "--hours", "0.5").strip() == ("0 failed job(s) older than 0.5 hours were deleted.")
 
 
 # -- queue_clear ---------------------------------------------------------------
@@ -353,8 +366,9 @@ def test_clear_deletes_nothing_unless_the_answer_is_yes(answer):
 def test_clear_without_a_terminal_or_with_no_input_needs_force(args, stdin, why):
     jobs.record.enqueue("a")
     message = error_of("queue_clear", *args, stdin=stdin)
-    assert message == (f"Deleting 1 job from queue 'default' needs a confirmation, and {why}: "
-                       "pass --force to delete without asking.")
+    assert message == (
+        f"Deleting 1 job from queue 'default' needs a confirmation, and {why}: pass --force to delete without asking."
+    )
     assert Job.objects.count() == 1
 
 
@@ -591,8 +605,11 @@ def _wait_until_serving(count: int) -> None:
     """Have each of ``count`` worker processes run a job, so each has read the restart marker."""
     for index in range(count):
         jobs.sleep_then_record.enqueue(f"ready-{index}", 1)
-    wait_until(lambda: len(set(Run.objects.filter(key__startswith="ready-").values_list("pid", flat=True))) == count,
-               30, "the workers never ran a job each")
+    wait_until(
+        lambda: len(set(Run.objects.filter(key__startswith="ready-").values_list("pid", flat=True))) == count,
+        30,
+        "the workers never ran a job each",
+    )
 
 
 @pytest.mark.acceptance

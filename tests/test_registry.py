@@ -75,7 +75,14 @@ def test_enqueue_stores_a_row_with_the_options():
     row = jobs.add.using(queue="high", priority=7, tries=9, retry_after=120, timeout=30).enqueue(1, b=2)
     row.refresh_from_db()
     assert (row.queue, row.name, row.priority, row.max_tries, row.retry_after, row.timeout, row.attempts) == (
-        "high", "tests.add", 7, 9, 120, 30, 0)
+        "high",
+        "tests.add",
+        7,
+        9,
+        120,
+        30,
+        0,
+    )
     assert row.reserved_at is None
     assert Job.objects.waiting().filter(pk=row.pk).exists()
 

@@ -32,15 +32,24 @@ def test_the_backend_supports_every_feature():
 
     backend = task_backends["default"]
     assert isinstance(backend, DatabaseBackend)
-    assert (backend.supports_defer, backend.supports_async_task, backend.supports_get_result,
-            backend.supports_priority) == (True, True, True, True)
+    assert (
+        backend.supports_defer,
+        backend.supports_async_task,
+        backend.supports_get_result,
+        backend.supports_priority,
+    ) == (True, True, True, True)
 
 
 def test_enqueue_returns_a_ready_result_and_stores_a_job():
     result = tasks.add_numbers.enqueue(1, 2)
     assert result.status == TaskResultStatus.READY and result.enqueued_at is not None
-    assert (result.args, result.kwargs, result.backend, result.errors, result.worker_ids) == ([1, 2], {}, "default",
-                                                                                           [], [])
+    assert (result.args, result.kwargs, result.backend, result.errors, result.worker_ids) == (
+        [1, 2],
+        {},
+        "default",
+        [],
+        [],
+    )
     job = Job.objects.get()
     assert job.name == RUN_TASK and job.queue == "default"
     fetched = default_task_backend.get_result(result.id)
@@ -51,13 +60,22 @@ def test_enqueue_returns_a_ready_result_and_stores_a_job():
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
-        (lambda: tasks.add_numbers.using(queue_name="nope").enqueue(1, 2), InvalidTask,
-         "Queue 'nope' is not valid for backend."),
+        (
+            lambda: tasks.add_numbers.using(queue_name="nope").enqueue(1, 2),
+            InvalidTask,
+            "Queue 'nope' is not valid for backend.",
+        ),
         (lambda: tasks.add_numbers.using(priority=101).enqueue(1, 2), InvalidTask, "priority must be"),
-        (lambda: tasks.add_numbers.using(run_after=dt.datetime(2030, 1, 1)).enqueue(1, 2), InvalidTask,
-         "run_after must be an aware datetime."),
-        (lambda: tasks.add_numbers.enqueue(object(), 2), TypeError,
-         "Cannot enqueue tests.testapp.tasks.add_numbers: its arguments must be JSON"),
+        (
+            lambda: tasks.add_numbers.using(run_after=dt.datetime(2030, 1, 1)).enqueue(1, 2),
+            InvalidTask,
+            "run_after must be an aware datetime.",
+        ),
+        (
+            lambda: tasks.add_numbers.enqueue(object(), 2),
+            TypeError,
+            "Cannot enqueue tests.testapp.tasks.add_numbers: its arguments must be JSON",
+        ),
     ],
 )
 def test_invalid_enqueues_are_refused_and_store_nothing(make, error, message):
@@ -127,7 +145,11 @@ def test_higher_priority_runs_first_within_the_queue_order():
     tasks.record_key.enqueue("normal")
     run_worker(queues=["high", "low"])
     assert list(Run.objects.order_by("id").values_list("key", flat=True)) == [
-        "high-queue", "urgent", "normal", "low-priority"]
+        "high-queue",
+        "urgent",
+        "normal",
+        "low-priority",
+    ]
 
 
 def test_run_after_defers_the_task():
@@ -165,8 +187,11 @@ def test_signals_are_sent_and_a_failing_receiver_does_not_change_the_outcome():
         for sig in (task_enqueued, task_started, task_finished):
             sig.disconnect(on_signal)
             sig.disconnect(broken)
-    assert seen == [(task_enqueued, TaskResultStatus.READY), (task_started, TaskResultStatus.RUNNING),
-                    (task_finished, TaskResultStatus.SUCCESSFUL)]
+    assert seen == [
+        (task_enqueued, TaskResultStatus.READY),
+        (task_started, TaskResultStatus.RUNNING),
+        (task_finished, TaskResultStatus.SUCCESSFUL),
+    ]
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
 
@@ -235,10 +260,14 @@ def test_queue_prune_results_deletes_old_finished_results(capsys):
 def test_get_result_from_another_process_sees_running_then_successful(worker_process):
     result = tasks.slow_task.enqueue("slow", 1.5)
     process = worker_process("--sleep", "0.05")
-    wait_until(lambda: default_task_backend.get_result(result.id).status == TaskResultStatus.RUNNING, 30,
-               "the task never ran")
-    wait_until(lambda: default_task_backend.get_result(result.id).status == TaskResultStatus.SUCCESSFUL, 30,
-               "the task never finished")
+    wait_until(
+        lambda: default_task_backend.get_result(result.id).status == TaskResultStatus.RUNNING, 30, "the task never ran"
+    )
+    wait_until(
+        lambda: default_task_backend.get_result(result.id).status == TaskResultStatus.SUCCESSFUL,
+        30,
+        "the task never finished",
+    )
     assert default_task_backend.get_result(result.id).return_value == "slow"
     process.signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0

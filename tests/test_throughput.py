@@ -80,8 +80,10 @@ def test_a_prefetched_job_held_too_long_is_given_back_and_claimed_afresh():
 
 @pytest.mark.acceptance
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif("os.environ.get('DBQUEUE_TEST_DB', 'sqlite') != 'postgres'",
-                    reason="LISTEN/NOTIFY is PostgreSQL's; other databases poll")
+@pytest.mark.skipif(
+    "os.environ.get('DBQUEUE_TEST_DB', 'sqlite') != 'postgres'",
+    reason="LISTEN/NOTIFY is PostgreSQL's; other databases poll",
+)
 def test_an_idle_worker_is_woken_by_notify_long_before_its_next_poll(worker_process):
     process = worker_process("--sleep", "60")
     process.wait_for_output("worker started")

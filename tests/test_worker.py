@@ -19,8 +19,9 @@ pytestmark = pytest.mark.django_db
 
 def raw_job(name: str, payload: str, **fields) -> Job:
     """Insert a row directly, as a bad deploy or a hand edit could leave it."""
-    return Job.objects.create(name=name, payload=payload, retry_after=60, available_at=Now(), created_at=Now(),
-                              **fields)
+    return Job.objects.create(
+        name=name, payload=payload, retry_after=60, available_at=Now(), created_at=Now(), **fields
+    )
 
 
 def test_a_job_that_succeeds_is_deleted_and_logged(caplog):
@@ -91,16 +92,36 @@ def test_the_workers_backoff_applies_to_jobs_that_set_none():
 @pytest.mark.parametrize(
     ("name", "stored", "exception_class", "message"),
     [
-        ("os.system", '{"args": ["echo pwned"], "kwargs": {}}', "django_dbqueue.exceptions.JobNotRegistered",
-         "cannot run: No job is registered under the name 'os.system'"),
-        ("tests.add", "{not json", "django_dbqueue.exceptions.PayloadError",
-         "cannot run: the payload is not valid JSON"),
-        ("tests.add", '{"arguments": [1, 2]}', "django_dbqueue.exceptions.PayloadError",
-         "cannot run: the payload is not a job envelope"),
-        ("tests.add", '{"args": [1, 2, 3], "kwargs": {}}', "django_dbqueue.exceptions.PayloadError",
-         "the stored arguments no longer match tests.add(): too many positional arguments"),
-        ("tests.add", '{"args": [1], "kwargs": {"c": 2}}', "django_dbqueue.exceptions.PayloadError",
-         "no longer match tests.add(): "),
+        (
+            "os.system",
+            '{"args": ["echo pwned"], "kwargs": {}}',
+            "django_dbqueue.exceptions.JobNotRegistered",
+            "cannot run: No job is registered under the name 'os.system'",
+        ),
+        (
+            "tests.add",
+            "{not json",
+            "django_dbqueue.exceptions.PayloadError",
+            "cannot run: the payload is not valid JSON",
+        ),
+        (
+            "tests.add",
+            '{"arguments": [1, 2]}',
+            "django_dbqueue.exceptions.PayloadError",
+            "cannot run: the payload is not a job envelope",
+        ),
+        (
+            "tests.add",
+            '{"args": [1, 2, 3], "kwargs": {}}',
+            "django_dbqueue.exceptions.PayloadError",
+            "the stored arguments no longer match tests.add(): too many positional arguments",
+        ),
+        (
+            "tests.add",
+            '{"args": [1], "kwargs": {"c": 2}}',
+            "django_dbqueue.exceptions.PayloadError",
+            "no longer match tests.add(): ",
+        ),
     ],
 )
 def test_a_job_that_cannot_run_fails_at_once_with_an_error_that_says_why(name, stored, exception_class, message):
@@ -168,8 +189,13 @@ def test_signals_report_each_outcome_and_a_failing_receiver_changes_nothing(capl
     def broken(**kwargs):
         raise RuntimeError("receiver bug")
 
-    connected = [signals.job_enqueued, signals.job_started, signals.job_succeeded, signals.job_released,
-                 signals.job_failed]
+    connected = [
+        signals.job_enqueued,
+        signals.job_started,
+        signals.job_succeeded,
+        signals.job_released,
+        signals.job_failed,
+    ]
     for signal in connected:
         signal.connect(on_event, weak=False)
         signal.connect(broken, weak=False)
@@ -184,10 +210,14 @@ def test_signals_report_each_outcome_and_a_failing_receiver_changes_nothing(capl
             signal.disconnect(broken)
     names = [(s, n.rsplit(".", 1)[1]) for s, n in events]
     assert names == [
-        (signals.job_enqueued, "record"), (signals.job_enqueued, "always_fail"),
-        (signals.job_started, "record"), (signals.job_succeeded, "record"),
-        (signals.job_started, "always_fail"), (signals.job_released, "always_fail"),
-        (signals.job_started, "always_fail"), (signals.job_failed, "always_fail"),
+        (signals.job_enqueued, "record"),
+        (signals.job_enqueued, "always_fail"),
+        (signals.job_started, "record"),
+        (signals.job_succeeded, "record"),
+        (signals.job_started, "always_fail"),
+        (signals.job_released, "always_fail"),
+        (signals.job_started, "always_fail"),
+        (signals.job_failed, "always_fail"),
     ]
     assert Run.objects.filter(key="signalled").exists() and not Job.objects.exists()
     assert FailedJob.objects.count() == 1

@@ -79,8 +79,9 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
 
 
-def latency_run(enqueue: Callable[[int, float], Any], count: int, path: str, *, gap_min: float, gap_max: float,
-                wait: float = 30.0) -> dict[str, Any]:
+def latency_run(
+    enqueue: Callable[[int, float], Any], count: int, path: str, *, gap_min: float, gap_max: float, wait: float = 30.0
+) -> dict[str, Any]:
     """Enqueue ``count`` latency jobs one at a time with random gaps; read back when each started.
 
     ``enqueue(tag, enqueued_at)`` stores one job that appends ``tag enqueued_at started``

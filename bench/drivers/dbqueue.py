@@ -1,6 +1,6 @@
 """django-dbqueue's side of the benchmark; runs in the project's own environment.
 
-    python -m bench.drivers.dbqueue COMMAND [ARGS]   (DJANGO_SETTINGS_MODULE=bench.settings, BENCH_DB=...)
+python -m bench.drivers.dbqueue COMMAND [ARGS]   (DJANGO_SETTINGS_MODULE=bench.settings, BENCH_DB=...)
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ def recreate_database() -> None:
         from bench.drivers.common import check_name
 
         check_name(DBNAME)
-        conn = MySQLdb.connect(host=os.environ.get("BENCH_MYSQL_HOST", "127.0.0.1"),
-                               port=int(os.environ.get("BENCH_MYSQL_PORT", "3306")),
-                               user=os.environ.get("BENCH_MYSQL_USER", "root"),
-                               passwd=os.environ.get("BENCH_MYSQL_PASSWORD", ""))
+        conn = MySQLdb.connect(
+            host=os.environ.get("BENCH_MYSQL_HOST", "127.0.0.1"),
+            port=int(os.environ.get("BENCH_MYSQL_PORT", "3306")),
+            user=os.environ.get("BENCH_MYSQL_USER", "root"),
+            passwd=os.environ.get("BENCH_MYSQL_PASSWORD", ""),
+        )
         cursor = conn.cursor()
         cursor.execute(f"DROP DATABASE IF EXISTS `{DBNAME}`")
         cursor.execute(f"CREATE DATABASE `{DBNAME}` CHARACTER SET utf8mb4")
@@ -214,8 +216,12 @@ def claim_growth(iterations: int, sizes: list[int], delayed: int) -> dict[str, A
         pg_settle(DBNAME)
         plan = explain_claim()
         found = re.search(r"Execution Time: ([0-9.]+) ms", plan)
-        results[label] = {**time_claims(iterations), "rows": remaining(), "plan": plan,
-                          "server_execution_ms": float(found.group(1)) if found else None}
+        results[label] = {
+            **time_claims(iterations),
+            "rows": remaining(),
+            "plan": plan,
+            "server_execution_ms": float(found.group(1)) if found else None,
+        }
 
     clear()
     have = 0
@@ -241,6 +247,7 @@ def claim_growth(iterations: int, sizes: list[int], delayed: int) -> dict[str, A
 
 # -- statements per job, counted in-process --------------------------------------
 
+
 def queries_per_job(count: int, batch: int = 1) -> dict[str, Any]:
     """Drain ``count`` no-op jobs with an in-process Worker and count its statements by kind."""
     from collections import Counter
@@ -253,8 +260,9 @@ def queries_per_job(count: int, batch: int = 1) -> dict[str, Any]:
 
     fill(count)
     extra: dict[str, Any] = {"batch": batch} if batch > 1 else {}
-    options = WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=45, backoff=0),
-                            sleep=0.01, stop_when_empty=True, **extra)
+    options = WorkerOptions(
+        queues=["default"], defaults=Defaults(tries=3, timeout=45, backoff=0), sleep=0.01, stop_when_empty=True, **extra
+    )
     with CaptureQueriesContext(connection) as captured:
         Worker(options).run()
     kinds = Counter(q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries)
@@ -271,8 +279,10 @@ def queries_per_job(count: int, batch: int = 1) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["setup", "enqueue-one", "enqueue-bulk", "fill", "remaining", "latency",
-                                            "claim", "queries-per-job"])
+    parser.add_argument(
+        "command",
+        choices=["setup", "enqueue-one", "enqueue-bulk", "fill", "remaining", "latency", "claim", "queries-per-job"],
+    )
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--path", default="")
     parser.add_argument("--gap-min", type=float, default=0.005)

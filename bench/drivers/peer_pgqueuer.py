@@ -89,8 +89,9 @@ async def run(args: Any) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["setup", "enqueue-one", "enqueue-bulk", "fill", "remaining", "latency",
-                                            "worker"])
+    parser.add_argument(
+        "command", choices=["setup", "enqueue-one", "enqueue-bulk", "fill", "remaining", "latency", "worker"]
+    )
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--path", default="")
     parser.add_argument("--gap-min", type=float, default=0.005)

@@ -1,6 +1,6 @@
 """procrastinate's side of the benchmark; runs in bench/.venvs/procrastinate.
 
-    python -m bench.drivers.peer_procrastinate COMMAND [ARGS]
+python -m bench.drivers.peer_procrastinate COMMAND [ARGS]
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def remaining() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["setup", "enqueue-one", "enqueue-bulk", "fill", "remaining", "latency",
-                                            "worker"])
+    parser.add_argument(
+        "command", choices=["setup", "enqueue-one", "enqueue-bulk", "fill", "remaining", "latency", "worker"]
+    )
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--path", default="")
     parser.add_argument("--gap-min", type=float, default=0.005)
@@ -64,8 +65,13 @@ def run(args: Any) -> dict[str, Any]:
         pg_settle(DBNAME)
         return {"jobs": remaining()}
     if args.command == "latency":
-        return latency_run(lambda tag, at: record_start.defer(tag=tag, enqueued_at=at), args.count, args.path,
-                           gap_min=args.gap_min, gap_max=args.gap_max)
+        return latency_run(
+            lambda tag, at: record_start.defer(tag=tag, enqueued_at=at),
+            args.count,
+            args.path,
+            gap_min=args.gap_min,
+            gap_max=args.gap_max,
+        )
     raise SystemExit(f"unknown command {args.command}")
 
 

@@ -23,8 +23,11 @@ def clear() -> None:
 
 
 def remaining() -> int:
-    return int(pg_execute(DBNAME, "SELECT count(*) FROM django_tasks_database_dbtaskresult "
-                                  "WHERE status IN ('READY', 'RUNNING')")[0])
+    return int(
+        pg_execute(
+            DBNAME, "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')"
+        )[0]
+    )
 
 
 def main() -> None:
@@ -65,8 +68,13 @@ def main() -> None:
     elif args.command == "remaining":
         result = {"remaining": remaining()}
     else:
-        result = latency_run(lambda tag, at: record_start.enqueue(tag, at), args.count, args.path,
-                             gap_min=args.gap_min, gap_max=args.gap_max)
+        result = latency_run(
+            lambda tag, at: record_start.enqueue(tag, at),
+            args.count,
+            args.path,
+            gap_min=args.gap_min,
+            gap_max=args.gap_max,
+        )
     emit(result)
 
 

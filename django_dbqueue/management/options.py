@@ -29,6 +29,7 @@ def hours(text: str) -> float:
 
 def number(kind: Callable[[str], float], minimum: float, label: str) -> Callable[[str], Any]:
     """A number of ``kind`` (int or float) of at least ``minimum``; ``label`` says what it is."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -39,6 +40,7 @@ def number(kind: Callable[[str], float], minimum: float, label: str) -> Callable
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum:g}")
         return value
+
     return parse
 
 

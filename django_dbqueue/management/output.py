@@ -29,8 +29,8 @@ def shorten(text: str, width: int) -> str:
         return text[:room] + ELLIPSIS
     for index, char in enumerate(text):
         if char == "." and len(text) - index - 1 <= room:
-            return ELLIPSIS + text[index + 1:]
-    return ELLIPSIS + text[len(text) - room:]
+            return ELLIPSIS + text[index + 1 :]
+    return ELLIPSIS + text[len(text) - room :]
 
 
 def table(
@@ -70,8 +70,7 @@ def table(
 
     def line(row: Sequence[str]) -> str:
         padded = [
-            cell.rjust(widths[index]) if index in right else cell.ljust(widths[index])
-            for index, cell in enumerate(row)
+            cell.rjust(widths[index]) if index in right else cell.ljust(widths[index]) for index, cell in enumerate(row)
         ]
         return GAP.join(padded).rstrip()
 

@@ -59,8 +59,15 @@ if django.VERSION >= (6, 1):
     once_only = task(tries=1, timeout=5, retry_after=20)(once_only)  # type: ignore[assignment]
 else:
     once_only = DbQueueTask(  # type: ignore[assignment]
-        func=once_only, priority=0, backend="default", queue_name="default", run_after=None, takes_context=False,
-        tries=1, timeout=5, retry_after=20,
+        func=once_only,
+        priority=0,
+        backend="default",
+        queue_name="default",
+        run_after=None,
+        takes_context=False,
+        tries=1,
+        timeout=5,
+        retry_after=20,
     )
 
 

@@ -20,12 +20,17 @@ class Command(BaseCommand):
     stealth_options = ("stdin",)
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--queue", type=options.queue_name, default=None,
-                            help=f"Queue to clear (default: {conf.get('QUEUE')}).")
-        parser.add_argument("--force", action="store_true",
-                            help="Delete without asking.")
-        parser.add_argument("--noinput", "--no-input", action="store_false", dest="interactive",
-                            help="Never ask: without --force, stop with an error instead.")
+        parser.add_argument(
+            "--queue", type=options.queue_name, default=None, help=f"Queue to clear (default: {conf.get('QUEUE')})."
+        )
+        parser.add_argument("--force", action="store_true", help="Delete without asking.")
+        parser.add_argument(
+            "--noinput",
+            "--no-input",
+            action="store_false",
+            dest="interactive",
+            help="Never ask: without --force, stop with an error instead.",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         queue = opts["queue"] or conf.get("QUEUE")
@@ -38,8 +43,10 @@ class Command(BaseCommand):
             stdin = opts.get("stdin", sys.stdin)
             if not opts["interactive"] or not _is_terminal(stdin):
                 why = "--no-input was given" if not opts["interactive"] else "stdin is not a terminal"
-                raise CommandError(f"Deleting {jobs} from queue '{queue}' needs a confirmation, and {why}: "
-                                   f"pass --force to delete without asking.")
+                raise CommandError(
+                    f"Deleting {jobs} from queue '{queue}' needs a confirmation, and {why}: "
+                    f"pass --force to delete without asking."
+                )
             if not self._confirm(f"Delete {jobs} from queue '{queue}'? [y/N] ", stdin):
                 self.stdout.write("Nothing was deleted.")
                 return

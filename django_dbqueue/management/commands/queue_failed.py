@@ -17,24 +17,38 @@ class Command(BaseCommand):
     help = "List the failed jobs, newest first: id, queue, name, when it failed and the exception class."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--queue", type=options.queue_name, default=None,
-                            help="Only the failed jobs of this queue (default: every queue).")
-        parser.add_argument("--name", default=None,
-                            help="Only the failed jobs with this job name (default: every name).")
-        parser.add_argument("--limit", type=options.whole_number(1), default=DEFAULT_LIMIT, metavar="N",
-                            help=f"Show at most N failed jobs (default: {DEFAULT_LIMIT}).")
+        parser.add_argument(
+            "--queue",
+            type=options.queue_name,
+            default=None,
+            help="Only the failed jobs of this queue (default: every queue).",
+        )
+        parser.add_argument(
+            "--name", default=None, help="Only the failed jobs with this job name (default: every name)."
+        )
+        parser.add_argument(
+            "--limit",
+            type=options.whole_number(1),
+            default=DEFAULT_LIMIT,
+            metavar="N",
+            help=f"Show at most N failed jobs (default: {DEFAULT_LIMIT}).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         failed = operations.failed_jobs(queue=opts["queue"], name=opts["name"])
-        shown = list(failed[:opts["limit"]])
+        shown = list(failed[: opts["limit"]])
         if not shown:
             self.stdout.write(self.style.SUCCESS("No failed jobs."))
             return
         rows = [
-            [str(row.pk), row.queue, row.name,
-             timezone.localtime(row.failed_at).strftime("%Y-%m-%d %H:%M"),
-             # Built-in exceptions are known by their bare name.
-             row.exception_class.removeprefix("builtins.")]
+            [
+                str(row.pk),
+                row.queue,
+                row.name,
+                timezone.localtime(row.failed_at).strftime("%Y-%m-%d %H:%M"),
+                # Built-in exceptions are known by their bare name.
+                row.exception_class.removeprefix("builtins."),
+            ]
             for row in shown
         ]
         headers = ["id", "queue", "name", "failed at", "exception class"]

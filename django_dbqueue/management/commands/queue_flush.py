@@ -14,8 +14,13 @@ class Command(BaseCommand):
     help = "Delete every failed job, or with --hours only those that failed more than N hours ago."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--hours", type=options.hours, metavar="N", default=None,
-                            help="Only delete failed jobs older than N hours (default: delete all).")
+        parser.add_argument(
+            "--hours",
+            type=options.hours,
+            metavar="N",
+            default=None,
+            help="Only delete failed jobs older than N hours (default: delete all).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         deleted = operations.prune_failed(opts["hours"])

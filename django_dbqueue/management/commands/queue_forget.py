@@ -15,8 +15,9 @@ class Command(BaseCommand):
     help = "Delete failed jobs by id (3 5-9 12,14); if any id does not exist, nothing is deleted."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("ids", nargs="+", type=options.ids, metavar="ID",
-                            help="Failed job ids: 3, a range 5-9, a list 12,14.")
+        parser.add_argument(
+            "ids", nargs="+", type=options.ids, metavar="ID", help="Failed job ids: 3, a range 5-9, a list 12,14."
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:

@@ -17,12 +17,21 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--queue", type=options.queue_name, nargs="+", action="extend", default=None,
-                            help="Queues to show, in this order, even if empty (default: every queue "
-                                 "that has jobs or failed jobs).")
-        parser.add_argument("--max", type=options.whole_number(0), default=None, metavar="N",
-                            help="Fail when a queue has more than N waiting, delayed and reserved jobs "
-                                 "(default: no limit).")
+        parser.add_argument(
+            "--queue",
+            type=options.queue_name,
+            nargs="+",
+            action="extend",
+            default=None,
+            help="Queues to show, in this order, even if empty (default: every queue that has jobs or failed jobs).",
+        )
+        parser.add_argument(
+            "--max",
+            type=options.whole_number(0),
+            default=None,
+            metavar="N",
+            help="Fail when a queue has more than N waiting, delayed and reserved jobs (default: no limit).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         stats = operations.queue_overview_of(opts["queue"]) if opts["queue"] else operations.queue_overview()
@@ -31,8 +40,14 @@ class Command(BaseCommand):
             return
         headers = ["queue", "waiting", "delayed", "reserved", "failed", "oldest waiting"]
         rows = [
-            [item.queue, str(item.waiting), str(item.delayed), str(item.reserved), str(item.failed),
-             output.age(item.oldest_waiting_seconds)]
+            [
+                item.queue,
+                str(item.waiting),
+                str(item.delayed),
+                str(item.reserved),
+                str(item.failed),
+                output.age(item.oldest_waiting_seconds),
+            ]
             for item in stats
         ]
         for line in output.table(headers, rows, shrink=(0,), right=(1, 2, 3, 4)):

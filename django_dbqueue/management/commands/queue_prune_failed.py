@@ -14,10 +14,16 @@ class Command(BaseCommand):
     help = "Delete the failed jobs that failed more than --hours ago, e.g. daily from cron."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--hours", type=options.hours, metavar="N", required=True,
-                            help="Delete failed jobs older than N hours, N > 0 (required, no default).")
+        parser.add_argument(
+            "--hours",
+            type=options.hours,
+            metavar="N",
+            required=True,
+            help="Delete failed jobs older than N hours, N > 0 (required, no default).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         deleted = operations.prune_failed(opts["hours"])
-        self.stdout.write(self.style.SUCCESS(
-            f"{deleted} failed job(s) older than {opts['hours']:g} hours were deleted."))
+        self.stdout.write(
+            self.style.SUCCESS(f"{deleted} failed job(s) older than {opts['hours']:g} hours were deleted.")
+        )

@@ -14,8 +14,9 @@ class Command(BaseCommand):
     help = "Delete progress rows (of jobs and chains) not updated for N hours."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--hours", type=hours, required=True,
-                            help="Delete rows older than this many hours (required).")
+        parser.add_argument(
+            "--hours", type=hours, required=True, help="Delete rows older than this many hours (required)."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         count = prune(options["hours"])

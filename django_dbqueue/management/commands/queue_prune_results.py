@@ -14,8 +14,12 @@ class Command(BaseCommand):
     help = "Delete the results of django.tasks tasks that finished more than N hours ago."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--hours", type=hours, required=True,
-                            help="Delete results finished longer ago than this many hours (required).")
+        parser.add_argument(
+            "--hours",
+            type=hours,
+            required=True,
+            help="Delete results finished longer ago than this many hours (required).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if django.VERSION < (6, 0):
@@ -23,5 +27,6 @@ class Command(BaseCommand):
         from django_dbqueue.tasks import prune_results
 
         count = prune_results(options["hours"])
-        self.stdout.write(self.style.SUCCESS(f"Deleted {count} task result(s) finished more than "
-                                             f"{options['hours']:g} h ago."))
+        self.stdout.write(
+            self.style.SUCCESS(f"Deleted {count} task result(s) finished more than {options['hours']:g} h ago.")
+        )

@@ -19,8 +19,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         requested = operations.request_restart()
-        self.stdout.write(self.style.SUCCESS(
-            f"Restart requested at {timezone.localtime(requested):%Y-%m-%d %H:%M:%S}."))
+        self.stdout.write(
+            self.style.SUCCESS(f"Restart requested at {timezone.localtime(requested):%Y-%m-%d %H:%M:%S}.")
+        )
         self.stdout.write(
             f"Every worker finishes its current job and exits; workers look for the request\n"
             f"every {RESTART_CHECK_INTERVAL:g} s. Under --concurrency the supervisor exits too. Your process\n"

@@ -20,12 +20,24 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("ids", nargs="*", type=options.ids_or_all, metavar="ID",
-                            help="Failed job ids: 3, a range 5-9, a list 12,14; or the word 'all'.")
-        parser.add_argument("--queue", type=options.queue_name, default=None,
-                            help="Retry the failed jobs of this queue (default: any queue, if --name is given).")
-        parser.add_argument("--name", default=None,
-                            help="Retry the failed jobs with this job name (default: any name, if --queue is given).")
+        parser.add_argument(
+            "ids",
+            nargs="*",
+            type=options.ids_or_all,
+            metavar="ID",
+            help="Failed job ids: 3, a range 5-9, a list 12,14; or the word 'all'.",
+        )
+        parser.add_argument(
+            "--queue",
+            type=options.queue_name,
+            default=None,
+            help="Retry the failed jobs of this queue (default: any queue, if --name is given).",
+        )
+        parser.add_argument(
+            "--name",
+            default=None,
+            help="Retry the failed jobs with this job name (default: any name, if --queue is given).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         specs = [spec for spec in opts["ids"] if spec != options.ALL]

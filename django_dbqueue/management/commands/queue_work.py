@@ -24,37 +24,74 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         settings = conf.get_settings()
-        parser.add_argument("--queue", type=queue_list, default=None,
-                            help=f"Queues to serve, comma-separated, highest priority first "
-                                 f"(default: {settings['QUEUE']}).")
-        parser.add_argument("--sleep", type=number(float, 0, "seconds"), default=None,
-                            help=f"Seconds to wait when no job is available (default: {settings['SLEEP']}).")
-        parser.add_argument("--tries", type=number(int, 1, "a whole number"), default=None,
-                            help=f"Tries for jobs that set none (default: {settings['TRIES']}).")
-        parser.add_argument("--timeout", type=number(int, 0, "whole seconds"), default=None,
-                            help=f"Seconds a job may run, for jobs that set none; 0 for no limit "
-                                 f"(default: {settings['TIMEOUT']}).")
-        parser.add_argument("--backoff", type=backoff, default=None,
-                            help=f"Seconds before a failed job runs again, or one per attempt as "
-                                 f"'10,60,300', for jobs that set none (default: {settings['BACKOFF']}).")
-        parser.add_argument("--max-jobs", type=number(int, 1, "a whole number"), default=None,
-                            help="Stop after this many jobs (default: no limit).")
-        parser.add_argument("--max-time", type=number(float, 0.001, "seconds"), default=None,
-                            help="Stop after this many seconds (default: no limit).")
-        parser.add_argument("--memory", type=number(int, 1, "whole megabytes"), default=None,
-                            help="Stop after a job once resident memory passes this many MB "
-                                 "(default: no limit).")
-        parser.add_argument("--stop-when-empty", action="store_true",
-                            help="Stop when no job is available.")
+        parser.add_argument(
+            "--queue",
+            type=queue_list,
+            default=None,
+            help=f"Queues to serve, comma-separated, highest priority first (default: {settings['QUEUE']}).",
+        )
+        parser.add_argument(
+            "--sleep",
+            type=number(float, 0, "seconds"),
+            default=None,
+            help=f"Seconds to wait when no job is available (default: {settings['SLEEP']}).",
+        )
+        parser.add_argument(
+            "--tries",
+            type=number(int, 1, "a whole number"),
+            default=None,
+            help=f"Tries for jobs that set none (default: {settings['TRIES']}).",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=number(int, 0, "whole seconds"),
+            default=None,
+            help=f"Seconds a job may run, for jobs that set none; 0 for no limit (default: {settings['TIMEOUT']}).",
+        )
+        parser.add_argument(
+            "--backoff",
+            type=backoff,
+            default=None,
+            help=f"Seconds before a failed job runs again, or one per attempt as "
+            f"'10,60,300', for jobs that set none (default: {settings['BACKOFF']}).",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=number(int, 1, "a whole number"),
+            default=None,
+            help="Stop after this many jobs (default: no limit).",
+        )
+        parser.add_argument(
+            "--max-time",
+            type=number(float, 0.001, "seconds"),
+            default=None,
+            help="Stop after this many seconds (default: no limit).",
+        )
+        parser.add_argument(
+            "--memory",
+            type=number(int, 1, "whole megabytes"),
+            default=None,
+            help="Stop after a job once resident memory passes this many MB (default: no limit).",
+        )
+        parser.add_argument("--stop-when-empty", action="store_true", help="Stop when no job is available.")
         parser.add_argument("--once", action="store_true", help="Process at most one job, then stop.")
-        parser.add_argument("--rest", type=number(float, 0, "seconds"), default=0.0,
-                            help="Seconds to rest after each job (default: 0).")
-        parser.add_argument("--batch", type=number(int, 1, "a whole number"), default=1,
-                            help="Jobs to claim per round trip when the queue is busy; the ones not yet "
-                                 "running wait in this worker (default: 1).")
-        parser.add_argument("--concurrency", type=number(int, 1, "a whole number"), default=None,
-                            help="Run N worker processes under a supervisor that restarts any that "
-                                 "die (default: one worker in this process).")
+        parser.add_argument(
+            "--rest", type=number(float, 0, "seconds"), default=0.0, help="Seconds to rest after each job (default: 0)."
+        )
+        parser.add_argument(
+            "--batch",
+            type=number(int, 1, "a whole number"),
+            default=1,
+            help="Jobs to claim per round trip when the queue is busy; the ones not yet "
+            "running wait in this worker (default: 1).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=number(int, 1, "a whole number"),
+            default=None,
+            help="Run N worker processes under a supervisor that restarts any that "
+            "die (default: one worker in this process).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = conf.get_settings()
@@ -63,8 +100,9 @@ class Command(BaseCommand):
         for message in check_worker(options["concurrency"], timeout or None):
             self.stderr.write(self.style.WARNING(str(message)))
         if not registry.all_definitions():
-            self.stderr.write(self.style.WARNING(
-                "No jobs are registered: put @job functions in an installed app's jobs.py."))
+            self.stderr.write(
+                self.style.WARNING("No jobs are registered: put @job functions in an installed app's jobs.py.")
+            )
         worker_options = WorkerOptions(
             queues=options["queue"] or [settings["QUEUE"]],
             defaults=Defaults(

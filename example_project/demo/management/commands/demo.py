@@ -33,19 +33,27 @@ class Command(BaseCommand):
     help = "Enqueue the demo jobs, run a worker until the queue is empty, and tell what happened."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--report-seconds", type=float, default=3,
-                            help="How long the slow job (build_sales_report) takes (default: 3).")
+        parser.add_argument(
+            "--report-seconds",
+            type=float,
+            default=3,
+            help="How long the slow job (build_sales_report) takes (default: 3).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         order, enqueued = self.enqueue(options["report_seconds"])
         results = {row.pk: Result(row.name) for row in enqueued}
-        self.stdout.write(self.style.MIGRATE_HEADING(
-            f"Enqueued {len(enqueued)} jobs in one transaction with order {order.number}:"))
+        self.stdout.write(
+            self.style.MIGRATE_HEADING(f"Enqueued {len(enqueued)} jobs in one transaction with order {order.number}:")
+        )
         for row in enqueued:
             self.stdout.write(f"  job {row.pk:<4} {row.name}")
 
-        self.stdout.write(self.style.MIGRATE_HEADING(
-            "Running a worker until the queue is empty (queue_work --stop-when-empty --sleep 0.1):"))
+        self.stdout.write(
+            self.style.MIGRATE_HEADING(
+                "Running a worker until the queue is empty (queue_work --stop-when-empty --sleep 0.1):"
+            )
+        )
         with self.watch(results):
             call_command("queue_work", "--stop-when-empty", "--sleep", "0.1")
 
@@ -119,9 +127,12 @@ class Command(BaseCommand):
 
         failed = list(FailedJob.objects.filter(job_id__in=results).order_by("id"))
         for failed_job in failed:
-            self.stdout.write(style.WARNING(
-                f"In FailedJob: {failed_job.name} (FailedJob #{failed_job.pk}, job {failed_job.job_id}, "
-                f"{failed_job.attempts} attempts)"))
+            self.stdout.write(
+                style.WARNING(
+                    f"In FailedJob: {failed_job.name} (FailedJob #{failed_job.pk}, job {failed_job.job_id}, "
+                    f"{failed_job.attempts} attempts)"
+                )
+            )
             self.stdout.write(f"  last line of its error: {failed_job.error_summary}")
         total_failed = FailedJob.objects.count()
         if total_failed > len(failed):
@@ -141,7 +152,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"  {manage} runserver\n"
             f"  {manage} queue_work\n"
-            "  then open http://127.0.0.1:8000/ and press \"Start a long chain\"."
+            '  then open http://127.0.0.1:8000/ and press "Start a long chain".'
         )
 
         # A smoke test too: exit non-zero when the queue did not behave as the jobs promise.
@@ -152,7 +163,6 @@ class Command(BaseCommand):
         ]
         if unexpected or len(failed) != len(EXPECTED_TO_FAIL):
             raise CommandError(f"The demo did not go as expected: {', '.join(unexpected) or 'FailedJob rows missing'}")
-
 
 
 def _shown(path: str) -> str:
