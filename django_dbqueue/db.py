@@ -76,3 +76,13 @@ def drop_connection(using: str | None = None) -> None:
     except DatabaseError:
         # The socket is already gone; forget it.
         connection.connection = None
+
+
+def read_back(instance: Any, *fields: str) -> None:
+    """Replace database-clock expressions left on a saved instance by their stored values.
+
+    Django 6 reads them back in the INSERT's RETURNING clause; Django 5.2, UPDATEs
+    and backends without RETURNING leave the expression on the instance.
+    """
+    if any(hasattr(getattr(instance, name), "resolve_expression") for name in fields):
+        instance.refresh_from_db(fields=list(fields))

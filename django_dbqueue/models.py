@@ -20,7 +20,7 @@ from django.db import connections, models, transaction
 from django.db.models import F, Q
 
 from . import conf
-from .db import DbNow, alias, claims_with_skip_locked
+from .db import DbNow, alias, claims_with_skip_locked, read_back
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -234,9 +234,7 @@ class JobManager(models.Manager["Job"]):
                 created_at=job.created_at,
                 failed_at=DbNow(),
             )
-            if hasattr(failed.failed_at, "resolve_expression"):
-                # Django 5.2 and backends without RETURNING keep the expression.
-                failed.refresh_from_db(fields=["failed_at"])
+            read_back(failed, "failed_at")
             return failed
 
     # -- reclaim -----------------------------------------------------------

@@ -32,7 +32,7 @@ from django.utils.module_loading import import_string
 from . import payload, registry
 from .chains import build_row
 from .checks import CLAIM_VENDORS
-from .db import DbNow, alias
+from .db import DbNow, alias, read_back
 from .exceptions import JobNotRegistered, PayloadError, WorkerStopped
 from .models import FailedJob, Job, TaskResultRecord
 from .registry import JobContext, job
@@ -128,8 +128,7 @@ class DatabaseBackend(BaseTaskBackend):
                 job_id=row.pk,
                 enqueued_at=DbNow(),
             )
-        if hasattr(record.enqueued_at, "resolve_expression"):
-            record.refresh_from_db(fields=["enqueued_at"])
+        read_back(record, "enqueued_at")
         result = to_task_result(record, task)
         _send(task_enqueued, result)
         return result
@@ -246,12 +245,6 @@ def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
             logger.error("task signal receiver %r raised", handler, exc_info=response)
 
 
-def _db_time(record: TaskResultRecord, *fields: str) -> None:
-    """Read back fields that were saved as the database clock."""
-    if any(hasattr(getattr(record, name), "resolve_expression") for name in fields):
-        record.refresh_from_db(fields=list(fields))
-
-
 @job(name=RUN_TASK, takes_context=True)
 def run_task(context: JobContext, result_id: str) -> Any:
     """Run one django.tasks task with Django's semantics, recording its result."""
@@ -267,7 +260,7 @@ def run_task(context: JobContext, result_id: str) -> Any:
         record.started_at = DbNow()
         fields.append("started_at")
     record.save(update_fields=fields)
-    _db_time(record, "started_at", "last_attempted_at")
+    read_back(record, "started_at", "last_attempted_at")
     result = to_task_result(record, task)
     _send(task_started, result)
     try:
@@ -287,14 +280,14 @@ def run_task(context: JobContext, result_id: str) -> Any:
         record.finished_at = DbNow() if last else None
         record.save(update_fields=["errors", "status", "finished_at"])
         if last:
-            _db_time(record, "finished_at")
+            read_back(record, "finished_at")
             _send(task_finished, to_task_result(record, task))
         raise
     record.status = TaskResultStatus.SUCCESSFUL
     record.return_value = value
     record.finished_at = DbNow()
     record.save(update_fields=["status", "return_value", "finished_at"])
-    _db_time(record, "finished_at")
+    read_back(record, "finished_at")
     _send(task_finished, to_task_result(record, task))
     return value
 
