@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import functools
 import inspect
 import logging
 import signal
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Literal
@@ -59,42 +60,79 @@ class Outcome:
         return f"{cls.__module__}.{cls.__qualname__}"
 
 
-class _Alarm:
-    """Raise JobTimeout in the main thread after ``seconds``; end the process after ``grace`` more.
+class JobTimer:
+    """Per-job timeouts: raise JobTimeout in the main thread after a job's ``seconds``,
+    and end the process if the job still runs ``grace`` seconds later.
 
     The first stage is a SIGALRM handler, which interrupts sleeps, socket waits
     and Python code. Code that never returns to the interpreter (a C call that
     holds the GIL) cannot see it, so faulthandler's C watchdog thread ends the
     process after the grace period; the job is then reclaimed as failed.
+
+    A worker enters one timer for its life: the handler is installed once, each
+    job only sets the interval timer, and the watchdog (a thread faulthandler
+    starts on every arming) is armed with ``HARD_STOP_SLACK`` to spare, so jobs
+    that follow each other quickly share one arming. ``pause`` disarms it before
+    the worker waits or talks to the database between jobs.
     """
 
-    def __init__(self, seconds: int | None, grace: float) -> None:
-        usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM")
-        self.seconds = seconds if usable else None
+    def __init__(self, grace: float) -> None:
         self.grace = grace
-        self.armed = False
+        self.usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM")
+        self._seconds: int | None = None
+        self._armed = False
+        self._previous: Any = None
+        self._entered = False
+        # Monotonic time at which the watchdog fires; 0 when it is not armed.
+        self._hard_stop_at = 0.0
+
+    def __enter__(self) -> JobTimer:
+        if self.usable:
+            self._previous = signal.signal(signal.SIGALRM, self._fire)
+            self._entered = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.pause()
+        if self._entered:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+            self._entered = False
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
-        if self.armed:
-            self.armed = False
-            raise JobTimeout(f"the job ran longer than its timeout of {self.seconds} s and was stopped")
+        if self._armed:
+            self._armed = False
+            raise JobTimeout(f"the job ran longer than its timeout of {self._seconds} s and was stopped")
 
     @contextmanager
-    def __call__(self) -> Iterator[None]:
-        if not self.seconds:
+    def limit(self, seconds: int | None) -> Iterator[None]:
+        """Stop the code run inside after ``seconds`` (None or 0: no limit)."""
+        if not seconds or not self._entered:
             yield
             return
-        previous = signal.signal(signal.SIGALRM, self._fire)
-        self.armed = True
-        signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        _hard_stop_later(self.seconds + self.grace)
+        self._seconds = seconds
+        needed = time.monotonic() + seconds + self.grace
+        if needed > self._hard_stop_at:
+            _hard_stop_later(seconds + self.grace + HARD_STOP_SLACK)
+            self._hard_stop_at = needed + HARD_STOP_SLACK
+        self._armed = True
+        signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
             yield
         finally:
-            self.armed = False
+            self._armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def pause(self) -> None:
+        """Disarm the watchdog until the next job."""
+        if self._hard_stop_at:
             faulthandler.cancel_dump_traceback_later()
-            signal.signal(signal.SIGALRM, previous)
+            self._hard_stop_at = 0.0
+
+
+# Seconds a watchdog armed for one job may outlast that job's timeout plus grace,
+# so the jobs after it within that time need no new arming.
+HARD_STOP_SLACK = 1.0
 
 
 def _hard_stop_later(seconds: float) -> None:
@@ -117,9 +155,14 @@ def prepare(job: Job) -> tuple[JobDefinition[..., Any], dict[str, Any], tuple[An
     return definition, envelope, args, kwargs
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(func: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(func)
+
+
 def check_signature(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     try:
-        inspect.signature(definition.func).bind(*args, **kwargs)
+        _signature(definition.func).bind(*args, **kwargs)
     except TypeError as exc:
         raise PayloadError(
             f"the stored arguments no longer match {definition.name}(): {exc}. The function's "
@@ -139,8 +182,15 @@ def chain_position(envelope: dict[str, Any]) -> tuple[dict[str, Any] | None, int
         raise PayloadError(f"the stored chain position {chain!r} is malformed: {exc}") from exc
 
 
-def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
-    """Run ``job`` and return what should happen to it. Never raises for the job's fault."""
+def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | None = None) -> Outcome:
+    """Run ``job`` and return what should happen to it. Never raises for the job's fault.
+
+    ``timer`` is the worker's long-lived ``JobTimer``; without one, a timer is
+    set up for this run alone.
+    """
+    if timer is None:
+        with JobTimer(defaults.timeout_grace) as own_timer:
+            return execute(job, worker_id=worker_id, defaults=defaults, timer=own_timer)
     started = time.monotonic()
     tracker = None
     envelope: dict[str, Any] = {}
@@ -178,7 +228,7 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults) -> Outcome:
 
     timeout = job.timeout or defaults.timeout
     try:
-        with _Alarm(timeout, defaults.timeout_grace)():
+        with timer.limit(timeout):
             if inspect.iscoroutinefunction(definition.func):
                 # async_to_sync runs the job's sync_to_async calls in this thread,
                 # on the worker's own database connection.

@@ -24,7 +24,7 @@ from django.db import DatabaseError
 from . import chains, conf, progress, signals
 from .db import drop_connection, is_connection_error
 from .exceptions import WorkerStopped
-from .execution import Defaults, Outcome, execute
+from .execution import Defaults, JobTimer, Outcome, execute
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .models import FailedJob, Job
@@ -42,6 +42,11 @@ MAX_RECORD_ERRORS = 5
 RESTART_CHECK_INTERVAL = 2.0
 # Seconds between two prunes of old progress rows by an idle worker.
 PRUNE_INTERVAL = 600.0
+# A batched claim takes about as many jobs as this worker runs in this many
+# seconds (by the recent average run time, up to --batch), so jobs never wait
+# long in one worker while another is free; and jobs that succeeded wait at
+# most about this long for their batch's DELETE.
+BATCH_WINDOW = 0.05
 
 
 class StopReason(enum.Enum):
@@ -66,8 +71,12 @@ class WorkerOptions:
     memory: int | None = None
     stop_when_empty: bool = False
     once: bool = False
-    # Jobs claimed per round trip; the ones not yet running wait in this worker.
+    # Most jobs claimed per round trip, and finished per DELETE; the ones not yet
+    # running wait in this worker, covered by its heartbeat.
     batch: int = 1
+    # Seconds of work a batched claim aims at, and the longest a job that
+    # succeeded waits for its batch's DELETE (see BATCH_WINDOW).
+    batch_window: float = BATCH_WINDOW
     # Set by a supervisor: stop when this process is no longer our parent.
     parent_pid: int | None = None
 
@@ -105,9 +114,16 @@ class Worker:
         self._pruned = -PRUNE_INTERVAL
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        # Claimed in a batch and not run yet, with the monotonic time of the claim.
-        self._prefetched: collections.deque[tuple[Job, float]] = collections.deque()
+        # Claimed in a batch and not run yet.
+        self._prefetched: collections.deque[Job] = collections.deque()
+        # Succeeded, waiting for their batch's DELETE, since a monotonic time.
+        self._done: list[tuple[Job, Outcome]] = []
+        self._done_since = 0.0
+        # Recent average run time of a job (seconds), None before the first.
+        self._average_run: float | None = None
         self._listener = Listener() if Listener.supported() else None
+        self.heartbeat = Heartbeat(self.worker_id)
+        self._timer = JobTimer(options.defaults.timeout_grace)
 
     # -- the loop ------------------------------------------------------------
 
@@ -117,10 +133,11 @@ class Worker:
         logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
         self._restart_seen = self._read_restart_marker()
         self._restart_checked = started
-        with self.handle_signals():
+        with self.handle_signals(), self.heartbeat, self._timer:
             try:
                 reason = self._loop(started)
             finally:
+                self._finish_done()
                 self._release_prefetched()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
@@ -208,24 +225,27 @@ class Worker:
     # -- steps -----------------------------------------------------------------
 
     def _next_job(self) -> Job | None:
-        """The next prefetched job still safely ours, else a fresh claim of up to ``batch`` jobs."""
-        while self._prefetched:
-            job, claimed = self._prefetched.popleft()
-            # No heartbeat covers a prefetched job: run it only well inside its
-            # retry_after, so it cannot have been reclaimed by another worker.
-            if time.monotonic() - claimed < job.retry_after / 2:
-                return job
-            self._give_back(job)
-        options = self.options
-        limit = 1 if options.once else options.batch
-        if options.max_jobs is not None:
-            limit = max(1, min(limit, options.max_jobs - self.processed))
-        jobs = self.reserve(limit)
+        """The next prefetched job, else (once the jobs that ran are finished) a fresh claim."""
+        if self._prefetched:
+            return self._prefetched.popleft()
+        self._finish_done()
+        jobs = self.reserve(self._claim_size())
         if not jobs:
             return None
-        claimed = time.monotonic()
-        self._prefetched.extend((job, claimed) for job in jobs[1:])
+        self.heartbeat.hold(jobs)
+        self._prefetched.extend(jobs[1:])
         return jobs[0]
+
+    def _claim_size(self) -> int:
+        """How many jobs to claim: up to --batch, as many as run in about BATCH_WINDOW."""
+        options = self.options
+        if options.once or options.batch == 1 or self._average_run is None:
+            return 1
+        fits = int(options.batch_window / max(self._average_run, 1e-4))
+        limit = max(1, min(options.batch, fits))
+        if options.max_jobs is not None:
+            limit = max(1, min(limit, options.max_jobs - self.processed))
+        return limit
 
     def reserve(self, limit: int = 1) -> list[Job]:
         """Claim up to ``limit`` jobs; on a database error, log, wait and return none."""
@@ -256,7 +276,9 @@ class Worker:
 
     def _release_prefetched(self) -> None:
         while self._prefetched:
-            self._give_back(self._prefetched.popleft()[0])
+            job = self._prefetched.popleft()
+            self._give_back(job)
+            self.heartbeat.drop(job)
 
     def _release_lost_claims(self) -> None:
         """Give back rows reserved in this worker's name by a claim whose reply was lost.
@@ -277,14 +299,60 @@ class Worker:
                 )
 
     def process(self, job: Job) -> Outcome:
-        """Run a reserved job and record its outcome under a heartbeat, then send signals and log."""
+        """Run a reserved job and record its outcome, then send signals and log.
+
+        The heartbeat covers the job from its claim until its outcome is stored,
+        so neither a long run nor a database outage while recording lets the
+        reservation expire. A job that succeeded with nothing to enqueue after
+        it waits for its batch's DELETE (see ``_finish_done``).
+        """
         self.processed += 1
-        # From the reserve to the stored outcome, so neither a long run nor a
-        # database outage while recording lets the reservation expire.
-        with Heartbeat(job, self.worker_id):
-            _send(signals.job_started, job=job, worker_id=self.worker_id)
-            outcome = self._execute(job)
-            stored, failed_job = self._store(job, outcome)
+        self.heartbeat.hold([job])
+        _send(signals.job_started, job=job, worker_id=self.worker_id)
+        outcome = self._execute(job)
+        duration = outcome.duration
+        self._average_run = duration if self._average_run is None else 0.8 * self._average_run + 0.2 * duration
+        follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
+        if outcome.status == "succeeded" and not follow_ups:
+            if not self._done:
+                self._done_since = time.monotonic()
+            self._done.append((job, outcome))
+            if (
+                not self._prefetched
+                or len(self._done) >= self.options.batch
+                or time.monotonic() - self._done_since >= self.options.batch_window
+            ):
+                self._finish_done()
+            return outcome
+        stored, failed_job = self._store(job, outcome, follow_ups)
+        self.heartbeat.drop(job)
+        self._after_store(job, outcome, stored, failed_job)
+        return outcome
+
+    def _finish_done(self) -> None:
+        """Delete the jobs that succeeded in one statement, then report each."""
+        if not self._done:
+            return
+        done, self._done = self._done, []
+        tries = 0
+
+        def delete() -> set[int]:
+            nonlocal tries
+            tries += 1
+            deleted = Job.objects.delete_many_reserved([job for job, _ in done])
+            if tries > 1:
+                # A try that lost its connection may have committed before the reply was lost.
+                deleted |= {
+                    job.pk for job, outcome in done if job.pk not in deleted and _stored_by_earlier_try(job, outcome)[0]
+                }
+            return deleted
+
+        deleted = self._retry_database(delete, "record")
+        for job, outcome in done:
+            self.heartbeat.drop(job)
+            self._after_store(job, outcome, None if deleted is None else job.pk in deleted, None)
+
+    def _after_store(self, job: Job, outcome: Outcome, stored: bool | None, failed_job: FailedJob | None) -> None:
         if stored:
             self._report(job, outcome, failed_job)
         logger.log(
@@ -308,24 +376,22 @@ class Worker:
                 job.pk,
                 job.attempts,
             )
-        return outcome
 
     def _execute(self, job: Job) -> Outcome:
         self.in_job = True
         try:
             with progress.keep_writer():
-                return execute(job, worker_id=self.worker_id, defaults=self.options.defaults)
+                return execute(job, worker_id=self.worker_id, defaults=self.options.defaults, timer=self._timer)
         except WorkerStopped as exc:
             # The second signal came just outside the job's own code.
             return Outcome("released", 0, exception=exc, error=str(exc))
         finally:
             self.in_job = False
 
-    def _store(self, job: Job, outcome: Outcome) -> tuple[bool | None, FailedJob | None]:
-        """Store the outcome, retrying while the database is away; None if it never could."""
+    def _store(self, job: Job, outcome: Outcome, follow_ups: list[Job]) -> tuple[bool | None, FailedJob | None]:
+        """Store the outcome with the rows that follow it, retrying while the database
+        is away; None if it never could."""
         failed_job = None
-        follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
-
         tries = 0
 
         def store() -> bool:
@@ -429,6 +495,7 @@ class Worker:
         ``listen`` so does a new job (PostgreSQL NOTIFY)."""
         if seconds <= 0 or (until_stop and self.stop_requested):
             return
+        self._timer.pause()
         waiting_on = [self._wake_r]
         listen_fd = self._listener.fileno() if listen and self._listener is not None else None
         if listen_fd is not None:

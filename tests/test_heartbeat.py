@@ -67,7 +67,8 @@ def test_a_heartbeat_extends_until_stopped_then_its_thread_ends():
     job = reserved(retry_after=60)
     age(job)
     before = threading.active_count()
-    heartbeat = Heartbeat(job, "host:1:aaa", interval=0.05).start()
+    heartbeat = Heartbeat("host:1:aaa", interval=0.05)
+    heartbeat.hold([job])
     wait_until(lambda: heartbeat.beats >= 3, 10, "the heartbeat never beat")
     heartbeat.stop()
     assert threading.active_count() == before
@@ -77,19 +78,49 @@ def test_a_heartbeat_extends_until_stopped_then_its_thread_ends():
     assert heartbeat.beats == beats
 
 
-def test_a_heartbeat_stops_when_the_reservation_is_no_longer_its_own(caplog):
+def test_one_beat_extends_every_job_the_worker_holds_and_none_it_dropped():
+    first, second, third = (reserved(retry_after=60) for _ in range(3))
+    for job in (first, second, third):
+        age(job)
+    with Heartbeat("host:1:aaa", interval=0.05) as heartbeat:
+        heartbeat.hold([first, second, third])
+        heartbeat.drop(third)
+        wait_until(lambda: heartbeat.beats >= 1, 10, "the heartbeat never beat")
+    assert [job.pk for job in Job.objects.expired()] == [third.pk]
+
+
+def test_a_job_claimed_with_a_short_retry_after_wakes_a_heartbeat_that_waits_for_a_long_one():
+    slow = reserved(retry_after=600)
+    with Heartbeat("host:1:aaa") as heartbeat:
+        heartbeat.hold([slow])  # its first beat is 200 s away
+        time.sleep(0.1)
+        quick = reserved(retry_after=1)
+        heartbeat.hold([quick])
+        time.sleep(1.5)
+        assert heartbeat.beats >= 2
+    assert Job.objects.expired() == []
+
+
+def test_a_heartbeat_drops_a_job_whose_reservation_is_no_longer_its_own_and_goes_on(caplog):
     job = reserved()
     with caplog.at_level(logging.WARNING, logger="django_dbqueue"):
-        heartbeat = Heartbeat(job, "host:1:aaa", interval=0.05).start()
+        heartbeat = Heartbeat("host:1:aaa", interval=0.05)
+        heartbeat.hold([job])
         wait_until(lambda: heartbeat.beats >= 1, 10, "the heartbeat never beat")
         Job.objects.filter(pk=job.pk).update(reserved_by="host:9:zzz", attempts=F("attempts") + 1)
-        wait_until(lambda: not heartbeat._thread.is_alive(), 10, "the heartbeat kept beating")
+        wait_until(lambda: heartbeat.held() == [], 10, "the heartbeat kept the job")
+        assert heartbeat.lost == 1
+        other = reserved()
+        age(other)
+        heartbeat.hold([other])
+        wait_until(lambda: Job.objects.expired() == [], 10, "the heartbeat stopped beating")
         heartbeat.stop()
     assert any("is no longer this worker's" in record.getMessage() for record in caplog.records)
 
 
 def test_a_short_job_never_opens_a_heartbeat_connection():
     job = reserved()
-    with Heartbeat(job, "host:1:aaa") as heartbeat:
-        pass
+    with Heartbeat("host:1:aaa") as heartbeat:
+        heartbeat.hold([job])
+        heartbeat.drop(job)
     assert heartbeat.beats == 0

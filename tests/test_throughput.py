@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import collections
+import logging
 import signal
 import time
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import enqueue_many
+from django_dbqueue import enqueue_many, signals
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import Job
 from django_dbqueue.worker import Worker, WorkerOptions
@@ -19,40 +20,63 @@ from tests.testapp import jobs
 from tests.testapp.models import Run
 
 
-def make_worker(batch: int) -> Worker:
-    return Worker(WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=30, backoff=0), batch=batch))
+def make_worker(batch: int, **options: float) -> Worker:
+    """A worker that has measured its jobs as quick: it claims ``batch`` at a time."""
+    worker = Worker(
+        WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=30, backoff=0), batch=batch, **options)
+    )
+    worker._average_run = 0.001
+    return worker
+
+
+def is_claim(sql: str) -> bool:
+    """The claim's statement: one UPDATE ... RETURNING on PostgreSQL, else a SELECT in index order."""
+    if connection.vendor == "postgresql":
+        return sql.startswith("UPDATE") and "RETURNING" in sql and "dbqueue_job" in sql
+    return sql.startswith("SELECT") and "dbqueue_job" in sql and "ORDER BY" in sql
 
 
 @pytest.mark.django_db
-def test_a_batch_runs_every_job_once_with_one_claim_per_batch():
+def test_a_batch_runs_every_job_once_with_one_claim_and_one_delete_per_batch():
     enqueue_many(jobs.record.bind(f"b{i}") for i in range(25))
     with CaptureQueriesContext(connection) as queries:
-        worker, _ = run_worker(batch=10)
+        worker, _ = run_worker(batch=10, batch_window=60)
     assert worker.processed == 25 and Run.objects.count() == 25 and not Job.objects.exists()
     sql = [q["sql"] for q in queries.captured_queries]
-    claims = [s for s in sql if s.startswith("SELECT") and "dbqueue_job" in s and "ORDER BY" in s]
-    assert len(claims) == 4  # 10 + 10 + 5, then the empty one that ends the run
+    # The first claim takes one job (the worker knows nothing of their run time
+    # yet), then 10, 10 and 4, then the empty one that ends the run.
+    assert len([s for s in sql if is_claim(s)]) == 5
     deletes = [s for s in sql if s.startswith("DELETE") and "dbqueue_job" in s]
-    assert len(deletes) == 25
+    assert len(deletes) == 4
 
 
 @pytest.mark.django_db(transaction=True)
 def test_round_trips_per_job_in_steady_state_are_pinned():
-    """Per batch of 10 jobs: one claim (BEGIN, SELECT ... FOR UPDATE SKIP LOCKED, UPDATE, COMMIT;
-    on SQLite a SELECT and a compare-and-set UPDATE per job), then per job its DELETE, plus the
-    job's own INSERT: 1.4 round trips of queue work per job."""
+    """Per batch of 10 jobs: one claim (on PostgreSQL one UPDATE ... RETURNING; on MariaDB
+    BEGIN, SELECT ... FOR UPDATE SKIP LOCKED, UPDATE, COMMIT; on SQLite a SELECT and a
+    compare-and-set UPDATE per job) and one DELETE for the ten, plus each job's own INSERT:
+    on PostgreSQL 0.2 round trips of queue work per job."""
     enqueue_many(jobs.record.bind(f"r{i}") for i in range(10))
-    worker = make_worker(batch=10)
+    worker = make_worker(batch=10, batch_window=60)
     with CaptureQueriesContext(connection) as queries:
-        first = worker._next_job()
-        assert first is not None
-        worker.process(first)
-        for _ in range(9):
+        for _ in range(10):
             job = worker._next_job()
             assert job is not None
             worker.process(job)
-    claim = 4 if connection.features.has_select_for_update_skip_locked else 1 + 10
-    assert len(queries.captured_queries) == claim + 10 * 2  # per job: the DELETE and the job's INSERT
+    assert not Job.objects.exists()
+    claim = {"postgresql": 1, "mysql": 4}.get(connection.vendor, 1 + 10)
+    assert len(queries.captured_queries) == claim + 1 + 10  # the claim, one DELETE, each job's INSERT
+
+
+@pytest.mark.parametrize(
+    ("average_run", "batch", "claimed"),
+    [(0.001, 10, 10), (0.01, 10, 5), (0.02, 10, 2), (1.0, 10, 1), (0.001, 1, 1), (None, 10, 1)],
+)
+def test_a_claim_takes_as_many_jobs_as_run_in_the_batch_window(average_run, batch, claimed):
+    worker = make_worker(batch=batch)
+    worker._average_run = average_run
+    assert worker.options.batch_window == 0.05
+    assert worker._claim_size() == claimed
 
 
 @pytest.mark.django_db
@@ -64,18 +88,61 @@ def test_prefetched_jobs_are_released_when_the_worker_stops():
     worker._release_prefetched()
     assert Job.objects.reserved().count() == 1
     assert Job.objects.waiting().count() == 2
+    assert [job.pk for job in worker.heartbeat.held()] == [first.pk]
+    worker.heartbeat.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prefetched_jobs_are_kept_alive_by_the_heartbeat_until_they_run():
+    enqueue_many(jobs.record.using(retry_after=1).bind(f"s{i}") for i in range(2))
+    worker = make_worker(batch=2)
+    try:
+        first = worker._next_job()
+        assert first is not None and len(worker._prefetched) == 1
+        time.sleep(2.5)  # more than twice their retry_after
+        assert Job.objects.expired() == [] and Job.objects.reclaim_expired() == 0
+        worker.process(first)
+        second = worker._next_job()
+        assert second is not None and second.attempts == 1
+        worker.process(second)
+    finally:
+        worker.heartbeat.stop()
+    assert Run.objects.count() == 2 and not Job.objects.exists()
 
 
 @pytest.mark.django_db
-def test_a_prefetched_job_held_too_long_is_given_back_and_claimed_afresh():
-    enqueue_many(jobs.record.bind(f"s{i}") for i in range(2))
-    worker = make_worker(batch=2)
-    first = worker._next_job()
-    held, _ = worker._prefetched.popleft()
-    worker._prefetched = collections.deque([(held, time.monotonic() - held.retry_after)])
-    again = worker._next_job()
-    assert again is not None and again.pk == held.pk and again.attempts == held.attempts + 1
-    assert first is not None and first.pk != held.pk
+def test_a_job_whose_reservation_was_taken_is_left_alone_by_its_batchs_delete(caplog):
+    enqueue_many(jobs.record.bind(f"t{i}") for i in range(3))
+    worker = make_worker(batch=3, batch_window=60)
+    claimed = [worker._next_job(), worker._next_job(), worker._next_job()]
+    assert all(job is not None for job in claimed)
+    taken = claimed[2]
+    assert taken is not None
+    # Reclaimed and reserved by another worker meanwhile.
+    Job.objects.filter(pk=taken.pk).update(attempts=F("attempts") + 1, reserved_by="host:9:zzz")
+    with caplog.at_level(logging.WARNING, logger="django_dbqueue"):
+        for job in claimed:
+            assert job is not None
+            worker.process(job)
+    worker.heartbeat.stop()
+    assert list(Job.objects.values_list("pk", flat=True)) == [taken.pk]
+    assert any("reservation lost" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.django_db
+def test_job_succeeded_is_sent_once_the_batchs_delete_removed_the_row():
+    enqueue_many(jobs.record.bind(f"u{i}") for i in range(4))
+    rows_left_at_signal: list[bool] = []
+
+    def receiver(sender, job, **kwargs):
+        rows_left_at_signal.append(Job.objects.filter(pk=job.pk).exists())
+
+    signals.job_succeeded.connect(receiver)
+    try:
+        run_worker(batch=4, batch_window=60)
+    finally:
+        signals.job_succeeded.disconnect(receiver)
+    assert rows_left_at_signal == [False] * 4
 
 
 @pytest.mark.acceptance
