@@ -144,15 +144,51 @@ def _resolve(value: Any) -> Any:
     return value
 
 
+# Values stored as they are, whose path is not worth formatting: encode_value
+# returns them unchanged. Exact types, so subclasses take the full check.
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def encode_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Return ``{"args": [...], "kwargs": {...}}`` as JSON data; raise TypeError naming a bad argument."""
+    plain = _PLAIN
     return {
-        "args": [encode_value(arg, f"argument {i} (args[{i}])") for i, arg in enumerate(args)],
-        "kwargs": {key: encode_value(arg, f"argument {key!r}") for key, arg in kwargs.items()},
+        "args": [
+            arg if type(arg) in plain else encode_value(arg, f"argument {i} (args[{i}])") for i, arg in enumerate(args)
+        ],
+        "kwargs": {
+            key: arg if type(arg) in plain else encode_value(arg, f"argument {key!r}") for key, arg in kwargs.items()
+        },
     }
 
 
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"Object of type {_describe(value)} is not JSON serializable")
+
+
+def _c_encoder() -> Any:
+    """CPython's C encoder with ``dumps``'s options, built once; None where there is none.
+
+    ``json.dumps`` builds it anew at every call, which is most of the time of
+    encoding a small envelope. No circular-reference check: an envelope is made
+    of fresh lists and dicts (``encode_value`` copies the arguments).
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        return make(None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+    except TypeError:
+        return None
+
+
+_ITERENCODE = _c_encoder()
+
+
 def dumps(envelope: dict[str, Any]) -> str:
+    """Return an envelope as compact JSON, non-ASCII characters kept."""
+    if _ITERENCODE is not None:
+        return "".join(_ITERENCODE(envelope, 0))
     return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
 
 
