@@ -17,17 +17,49 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 from . import conf, payload
-from .db import DbNow, alias
+from .bulk import NewJob
 from .exceptions import PayloadError
 from .models import Job
 from .registry import JobCall, JobDefinition, _load_database_times
 from .signals import job_enqueued
 
 logger = logging.getLogger("django_dbqueue")
+
+
+def new_job(
+    step: dict[str, Any],
+    *,
+    next_steps: Sequence[dict[str, Any]] = (),
+    then: Sequence[dict[str, Any]] = (),
+    on_failure: dict[str, Any] | None = None,
+    chain: dict[str, Any] | None = None,
+) -> NewJob:
+    """Return the row values of a job that runs ``step``, carrying what follows it."""
+    envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
+    backoff = step.get("backoff")
+    if backoff:
+        envelope["backoff"] = backoff
+    if next_steps:
+        envelope["next"] = list(next_steps)
+    if then:
+        envelope["then"] = list(then)
+    if on_failure:
+        envelope["on_failure"] = on_failure
+    if chain:
+        envelope["chain"] = chain
+    return NewJob(
+        queue=step["queue"],
+        name=step["name"],
+        payload=payload.dumps(envelope),
+        priority=int(step.get("priority") or 0),
+        max_tries=step.get("tries"),
+        retry_after=int(step.get("retry_after") or conf.get("RETRY_AFTER")),
+        timeout=step.get("timeout"),
+        delay=float(step.get("delay") or 0),
+    )
 
 
 def build_row(
@@ -39,31 +71,7 @@ def build_row(
     chain: dict[str, Any] | None = None,
 ) -> Job:
     """Return an unsaved ``Job`` row that runs ``step``, carrying what follows it."""
-    envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
-    for key, value in (
-        ("backoff", step.get("backoff")),
-        ("next", list(next_steps)),
-        ("then", list(then)),
-        ("on_failure", on_failure),
-        ("chain", chain),
-    ):
-        if value:
-            envelope[key] = value
-    now = DbNow()
-    delay = float(step.get("delay") or 0)
-    job = Job(
-        queue=step["queue"],
-        name=step["name"],
-        payload=payload.dumps(envelope),
-        priority=int(step.get("priority") or 0),
-        max_tries=step.get("tries"),
-        retry_after=int(step.get("retry_after") or conf.get("RETRY_AFTER")),
-        timeout=step.get("timeout"),
-        available_at=now + timedelta(seconds=delay) if delay > 0 else now,
-        created_at=now,
-    )
-    job._state.db = alias()
-    return job
+    return new_job(step, next_steps=next_steps, then=then, on_failure=on_failure, chain=chain).to_job()
 
 
 def _as_call(item: JobCall | JobDefinition[..., Any]) -> JobCall:

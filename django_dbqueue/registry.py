@@ -14,6 +14,7 @@ from . import conf, payload, signals
 from .exceptions import JobNotRegistered
 
 if TYPE_CHECKING:
+    from .bulk import NewJob
     from .models import Job
     from .progress import Tracker
 
@@ -163,15 +164,19 @@ class JobCall:
         }
         return step
 
-    def to_row(self) -> Job:
-        """Return an unsaved ``Job`` row for this call; raise TypeError for a bad argument."""
-        from .chains import build_row
+    def to_new_job(self) -> NewJob:
+        """Return the row values of this call; raise TypeError for a bad argument."""
+        from .chains import new_job
 
-        return build_row(
+        return new_job(
             self.to_step(),
             then=[call.to_step() for call in self.callbacks],
             on_failure=self.failure_callback.to_step() if self.failure_callback else None,
         )
+
+    def to_row(self) -> Job:
+        """Return an unsaved ``Job`` row for this call; raise TypeError for a bad argument."""
+        return self.to_new_job().to_job()
 
     def enqueue(self) -> Job:
         """Store this call (and what follows it); see ``JobDefinition.enqueue``."""
@@ -184,18 +189,17 @@ class JobCall:
 
 
 def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[Job]:
-    """Store many calls with one INSERT per ``batch_size`` rows.
+    """Store many calls with one INSERT per ``batch_size`` rows, in one transaction.
 
-    Every argument is checked before anything is inserted. On PostgreSQL,
-    SQLite and MariaDB the returned rows carry their ids.
+    Every argument is checked before anything is inserted. The returned rows
+    carry their ids and times.
     """
-    from .models import Job
+    from .bulk import insert
 
-    rows = [call.to_row() for call in calls]
-    jobs = Job.objects.bulk_enqueue(rows, batch_size=batch_size)
-    _load_database_times(jobs)
-    for job in jobs:
-        signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
+    jobs = insert([call.to_new_job() for call in calls], batch_size=batch_size)
+    if signals.job_enqueued.has_listeners(JobDefinition):
+        for job in jobs:
+            signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
     return jobs
 
 

@@ -1,0 +1,237 @@
+"""Bulk enqueue (``enqueue_many``): one INSERT per batch, in one transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_dbqueue import JobDefinition, enqueue_many, payload, signals
+from django_dbqueue.models import Job
+from tests.testapp import jobs
+
+# Every column, to compare a returned row with the stored one.
+FIELDS = [field.attname for field in Job._meta.concrete_fields]
+
+
+def stored(rows: list[Job]) -> list[dict[str, Any]]:
+    by_pk = {row["id"]: row for row in Job.objects.filter(pk__in=[job.pk for job in rows]).values(*FIELDS)}
+    return [by_pk[job.pk] for job in rows]
+
+
+def returned(rows: list[Job]) -> list[dict[str, Any]]:
+    return [{name: getattr(job, name) for name in FIELDS} for job in rows]
+
+
+def inserts(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+
+
+@pytest.mark.django_db
+def test_the_returned_rows_are_the_stored_rows_with_ids_and_database_times_in_call_order():
+    rows = enqueue_many(jobs.add.bind(i, i) for i in range(30))
+    assert returned(rows) == stored(rows)
+    assert [payload.decode(job.payload)["args"] for job in rows] == [[i, i] for i in range(30)]
+    assert len({job.pk for job in rows}) == 30
+    assert all(job.created_at == job.available_at and job.created_at.tzinfo is not None for job in rows)
+    assert all(not job._state.adding and job._state.db == "default" for job in rows)
+    assert Job.objects.waiting().count() == 30
+
+
+@pytest.mark.django_db
+def test_a_delay_makes_a_job_available_that_many_seconds_after_it_was_created():
+    rows = enqueue_many(
+        [
+            jobs.add.bind(1, 1),
+            jobs.add.using(delay=30).bind(2, 2),
+            jobs.add.using(delay=dt.timedelta(minutes=5, milliseconds=250)).bind(3, 3),
+        ]
+    )
+    assert returned(rows) == stored(rows)
+    assert [job.available_at - job.created_at for job in rows] == [
+        dt.timedelta(0),
+        dt.timedelta(seconds=30),
+        dt.timedelta(minutes=5, milliseconds=250),
+    ]
+    assert [job.pk for job in Job.objects.waiting()] == [rows[0].pk]
+    assert {job.pk for job in Job.objects.delayed()} == {rows[1].pk, rows[2].pk}
+
+
+@pytest.mark.django_db
+def test_queue_priority_and_options_of_each_call_are_stored():
+    fast = jobs.record.using(queue="fast", priority=7, tries=5, retry_after=90, timeout=20, backoff=[1, 2])
+    rows = enqueue_many([fast.bind("a"), jobs.record.bind("b"), jobs.fail_with_backoff.using(priority=-3).bind()])
+    assert returned(rows) == stored(rows)
+    first, second, third = rows
+    assert (first.queue, first.priority, first.max_tries, first.retry_after, first.timeout) == ("fast", 7, 5, 90, 20)
+    assert payload.decode(first.payload)["backoff"] == [1, 2]
+    assert (second.queue, second.priority, second.max_tries, second.timeout) == ("default", 0, None, None)
+    assert second.retry_after == 60 and "backoff" not in payload.decode(second.payload)
+    assert (third.priority, third.max_tries, payload.decode(third.payload)["backoff"]) == (-3, 4, [5, 60])
+    assert all(job.attempts == 0 and job.reserved_at is None and job.reserved_by == "" for job in rows)
+
+
+@pytest.mark.django_db
+def test_text_that_means_something_to_sql_or_to_array_syntax_is_stored_as_it_is():
+    awkward = ['"', "\\", "\\\\\"'", "{a,b}", "NULL", "", " x ", "it's", "a\nb\tc", "é 中文 🎉", "\\u0000"]
+    awkward += ["%s", "%(x)s", "$1", "');--"]
+    queue = "q \"x\", {y} \\ 'z' NULL"
+    rows = enqueue_many(
+        [jobs.echo.bind(text, key=text) for text in awkward] + [jobs.echo.using(queue=queue).bind(*awkward)]
+    )
+    assert returned(rows) == stored(rows)
+    for text, job in zip(awkward, rows, strict=False):
+        assert payload.arguments(payload.decode(job.payload)) == ((text,), {"key": text})
+    assert rows[-1].queue == queue and payload.decode(rows[-1].payload)["args"] == awkward
+    assert Job.objects.filter(queue=queue).count() == 1
+
+
+@pytest.mark.django_db
+def test_more_rows_than_batch_size_take_one_insert_per_batch_and_keep_their_order():
+    with CaptureQueriesContext(connection) as queries:
+        rows = enqueue_many((jobs.add.bind(i, 0) for i in range(250)), batch_size=100)
+    assert len(inserts(queries)) == 3
+    assert Job.objects.count() == 250
+    assert [payload.decode(job.payload)["args"][0] for job in rows] == list(range(250))
+    assert returned(rows) == stored(rows)
+
+
+@pytest.mark.django_db
+def test_nothing_is_inserted_when_any_argument_cannot_be_stored_even_in_a_later_batch():
+    calls = [jobs.add.bind(i, i) for i in range(150)] + [jobs.add.bind(object(), 1)]
+    with CaptureQueriesContext(connection) as queries, pytest.raises(TypeError, match=r"argument 0 .* object"):
+        enqueue_many(calls, batch_size=100)
+    assert inserts(queries) == []
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_no_calls_insert_nothing():
+    with CaptureQueriesContext(connection) as queries:
+        assert enqueue_many([]) == []
+    assert queries.captured_queries == []
+
+
+def test_batch_size_must_be_positive():
+    with pytest.raises(ValueError, match="batch_size"):
+        enqueue_many([jobs.add.bind(1, 1)], batch_size=0)
+
+
+@pytest.mark.django_db
+def test_job_enqueued_is_sent_once_per_job_with_its_saved_row():
+    received: list[tuple[object, int | None]] = []
+
+    def receiver(sender: object, job: Job, **kwargs: object) -> None:
+        received.append((sender, job.pk))
+
+    signals.job_enqueued.connect(receiver)
+    try:
+        rows = enqueue_many(jobs.add.bind(i, i) for i in range(5))
+    finally:
+        signals.job_enqueued.disconnect(receiver)
+    assert received == [(JobDefinition, job.pk) for job in rows]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_enqueued_in_an_open_transaction_are_invisible_to_other_connections_until_commit():
+    counts: list[int] = []
+
+    def count_from_another_connection() -> None:
+        try:
+            counts.append(Job.objects.count())
+        finally:
+            connections.close_all()
+
+    def count() -> None:
+        other = threading.Thread(target=count_from_another_connection)
+        other.start()
+        other.join(timeout=30)
+
+    with transaction.atomic():
+        enqueue_many((jobs.add.bind(i, i) for i in range(30)), batch_size=10)
+        count()
+    count()
+    assert counts == [0, 30]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_transaction_takes_every_batch_with_it():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_many((jobs.add.bind(i, i) for i in range(30)), batch_size=10)
+        raise RuntimeError("roll back")
+    assert Job.objects.count() == 0
+
+
+def test_envelopes_are_encoded_as_compact_json_that_keeps_non_ascii_text():
+    envelopes: list[dict[str, Any]] = [
+        {"v": 1, "args": [], "kwargs": {}},
+        {"v": 1, "args": [1, 2.5, None, True, 'é\n"', [1, {"a": []}]], "kwargs": {"k": {"x": "中"}}},
+        {"v": 1, "args": [1e300, -0.0, 10**30], "kwargs": {}, "backoff": [1, 2], "chain": {"id": "c", "step": 1}},
+    ]
+    for envelope in envelopes:
+        assert payload.dumps(envelope) == json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+    with pytest.raises(TypeError, match="set"):
+        payload.dumps({"v": 1, "args": [{1}], "kwargs": {}})
+
+
+# -- PostgreSQL: the unnest INSERT ----------------------------------------------
+
+postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="the unnest INSERT is PostgreSQL's")
+
+
+@postgres_only
+@pytest.mark.django_db
+def test_on_postgresql_a_batch_is_one_unnest_insert_with_the_database_clock():
+    with CaptureQueriesContext(connection) as queries:
+        enqueue_many(jobs.add.bind(i, i) for i in range(3))
+    (sql,) = inserts(queries)
+    assert "unnest(" in sql and "statement_timestamp()" in sql
+
+
+@postgres_only
+@pytest.mark.django_db
+def test_on_postgresql_a_thousand_rows_or_more_are_followed_by_analyze():
+    with CaptureQueriesContext(connection) as queries:
+        enqueue_many(jobs.add.bind(i, i) for i in range(999))
+    assert not any(q["sql"].startswith("ANALYZE") for q in queries.captured_queries)
+    with CaptureQueriesContext(connection) as queries:
+        enqueue_many(jobs.add.bind(i, i) for i in range(1000))
+    assert [q["sql"] for q in queries.captured_queries if q["sql"].startswith("ANALYZE")] == ['ANALYZE "dbqueue_job"']
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_value_too_long_for_its_column_is_refused_and_earlier_batches_are_undone():
+    calls = [jobs.add.bind(i, i) for i in range(20)] + [jobs.add.using(queue="q" * 101).bind(0, 0)]
+    with pytest.raises(DatabaseError, match="too long"):
+        enqueue_many(calls, batch_size=10)
+    assert Job.objects.count() == 0
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_listeners_are_notified_once_the_transaction_commits():
+    import psycopg
+
+    settings = connection.settings_dict
+    listener = psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"], autocommit=True
+    )
+    try:
+        listener.execute("LISTEN dbqueue")
+        with transaction.atomic():
+            enqueue_many(
+                [jobs.add.bind(1, 1), jobs.add.using(queue="emails").bind(2, 2), jobs.add.using(delay=60).bind(3, 3)]
+            )
+            enqueue_many([jobs.add.using(queue="later", delay=60).bind(4, 4)])
+            assert list(listener.notifies(timeout=0.3)) == []
+        notified = sorted(note.payload for note in listener.notifies(timeout=2, stop_after=2))
+        assert notified == ["default", "emails"]
+        assert list(listener.notifies(timeout=0.3)) == []
+    finally:
+        listener.close()
