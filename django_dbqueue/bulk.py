@@ -53,8 +53,9 @@ class NewJob(NamedTuple):
         return job
 
 
-# The job table's columns in the order of ``Job._meta.concrete_fields``: the
-# first from ``NewJob`` (its field of the same name), the others set here.
+# The job table's columns, in the order of ``Job._meta.concrete_fields`` (the
+# order ``Job.from_db`` takes values in). The unnest INSERT writes these and is
+# used only while the table has exactly these.
 _COLUMNS = (
     "id",
     "queue",
@@ -106,7 +107,8 @@ _ENCODERS: tuple[Callable[[Sequence[Any]], str], ...] = (
 def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job]:
     """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows.
 
-    Return the saved rows, with their ids and the times the database gave them.
+    Return the saved rows in the same order, with their ids and the times the
+    database gave them (where the backend returns ids: not on MySQL).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")

@@ -191,8 +191,8 @@ class JobCall:
 def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[Job]:
     """Store many calls with one INSERT per ``batch_size`` rows, in one transaction.
 
-    Every argument is checked before anything is inserted. The returned rows
-    carry their ids and times.
+    Every argument is checked before anything is inserted. On PostgreSQL,
+    SQLite and MariaDB the returned rows carry their ids and database times.
     """
     from .bulk import insert
 
