@@ -174,6 +174,7 @@ class Worker:
                 )
                 return StopReason.MEMORY
             if options.rest > 0:
+                self._finish_done()
                 self.wait(options.rest)
 
     def _stop_reason(self, started: float) -> StopReason | None:
@@ -225,10 +226,9 @@ class Worker:
     # -- steps -----------------------------------------------------------------
 
     def _next_job(self) -> Job | None:
-        """The next prefetched job, else (once the jobs that ran are finished) a fresh claim."""
+        """The next prefetched job, else a fresh claim (which also finishes the jobs that ran)."""
         if self._prefetched:
             return self._prefetched.popleft()
-        self._finish_done()
         jobs = self.reserve(self._claim_size())
         if not jobs:
             return None
@@ -248,11 +248,15 @@ class Worker:
         return limit
 
     def reserve(self, limit: int = 1) -> list[Job]:
-        """Claim up to ``limit`` jobs; on a database error, log, wait and return none."""
+        """Finish the jobs that succeeded and claim up to ``limit`` more, in one
+        statement where the database allows; on a database error, log, wait and
+        return none."""
+        done, self._done = self._done, []
         try:
             if self._reserve_errors:
                 self._release_lost_claims()
-            jobs = Job.objects.reserve_many(
+            deleted, jobs = Job.objects.finish_and_reserve(
+                [job for job, _ in done],
                 self.options.queues,
                 limit=limit,
                 worker_id=self.worker_id,
@@ -261,8 +265,12 @@ class Worker:
         except DatabaseError as exc:
             self._database_trouble(exc, "reserve", attempt=self._reserve_errors)
             self._reserve_errors += 1
+            # The statement may have deleted them before its reply was lost.
+            self._done = done
+            self._finish_done(tried=True)
             return []
         self._reserve_errors = 0
+        self._report_done(done, deleted)
         return jobs
 
     def _give_back(self, job: Job) -> None:
@@ -317,11 +325,8 @@ class Worker:
             if not self._done:
                 self._done_since = time.monotonic()
             self._done.append((job, outcome))
-            if (
-                not self._prefetched
-                or len(self._done) >= self.options.batch
-                or time.monotonic() - self._done_since >= self.options.batch_window
-            ):
+            # Deleted with the next claim, or now if the batch runs long.
+            if self._prefetched and time.monotonic() - self._done_since >= self.options.batch_window:
                 self._finish_done()
             return outcome
         stored, failed_job = self._store(job, outcome, follow_ups)
@@ -329,12 +334,15 @@ class Worker:
         self._after_store(job, outcome, stored, failed_job)
         return outcome
 
-    def _finish_done(self) -> None:
-        """Delete the jobs that succeeded in one statement, then report each."""
+    def _finish_done(self, *, tried: bool = False) -> None:
+        """Delete the jobs that succeeded in one statement, then report each.
+
+        ``tried``: a statement that deleted them failed, and may have committed.
+        """
         if not self._done:
             return
         done, self._done = self._done, []
-        tries = 0
+        tries = 1 if tried else 0
 
         def delete() -> set[int]:
             nonlocal tries
@@ -347,7 +355,10 @@ class Worker:
                 }
             return deleted
 
-        deleted = self._retry_database(delete, "record")
+        self._report_done(done, self._retry_database(delete, "record"))
+
+    def _report_done(self, done: list[tuple[Job, Outcome]], deleted: set[int] | None) -> None:
+        """Signal and log jobs that succeeded, once their DELETE ran (None: it never could)."""
         for job, outcome in done:
             self.heartbeat.drop(job)
             self._after_store(job, outcome, None if deleted is None else job.pk in deleted, None)

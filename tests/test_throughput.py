@@ -30,10 +30,15 @@ def make_worker(batch: int, **options: float) -> Worker:
 
 
 def is_claim(sql: str) -> bool:
-    """The claim's statement: one UPDATE ... RETURNING on PostgreSQL, else a SELECT in index order."""
+    """A claim: on PostgreSQL an UPDATE ... RETURNING (alone, or with the DELETE of the batch
+    that ran), else a SELECT in index order."""
     if connection.vendor == "postgresql":
-        return sql.startswith("UPDATE") and "RETURNING" in sql and "dbqueue_job" in sql
+        return sql.startswith(("UPDATE", "WITH")) and "SKIP LOCKED" in sql and "dbqueue_job" in sql
     return sql.startswith("SELECT") and "dbqueue_job" in sql and "ORDER BY" in sql
+
+
+def is_delete(sql: str) -> bool:
+    return sql.startswith(("DELETE", "WITH done AS (DELETE")) and "dbqueue_job" in sql
 
 
 @pytest.mark.django_db
@@ -44,28 +49,35 @@ def test_a_batch_runs_every_job_once_with_one_claim_and_one_delete_per_batch():
     assert worker.processed == 25 and Run.objects.count() == 25 and not Job.objects.exists()
     sql = [q["sql"] for q in queries.captured_queries]
     # The first claim takes one job (the worker knows nothing of their run time
-    # yet), then 10, 10 and 4, then the empty one that ends the run.
-    assert len([s for s in sql if is_claim(s)]) == 5
-    deletes = [s for s in sql if s.startswith("DELETE") and "dbqueue_job" in s]
-    assert len(deletes) == 4
+    # yet), then 10, 10 and 4, then the empty one that ends the run; each claim
+    # after the first deletes the batch before it (on PostgreSQL in the same
+    # statement, which claims once more on its own when it found nothing).
+    assert len([s for s in sql if is_claim(s)]) == (6 if connection.vendor == "postgresql" else 5)
+    assert len([s for s in sql if is_delete(s)]) == 4
 
 
 @pytest.mark.django_db(transaction=True)
 def test_round_trips_per_job_in_steady_state_are_pinned():
-    """Per batch of 10 jobs: one claim (on PostgreSQL one UPDATE ... RETURNING; on MariaDB
-    BEGIN, SELECT ... FOR UPDATE SKIP LOCKED, UPDATE, COMMIT; on SQLite a SELECT and a
-    compare-and-set UPDATE per job) and one DELETE for the ten, plus each job's own INSERT:
-    on PostgreSQL 0.2 round trips of queue work per job."""
-    enqueue_many(jobs.record.bind(f"r{i}") for i in range(10))
+    """Per batch of 10 jobs in steady state, besides each job's own INSERT: on PostgreSQL one
+    statement that deletes the batch that ran and claims the next (0.1 round trips per job);
+    on MariaDB the DELETE, then BEGIN, SELECT ... FOR UPDATE SKIP LOCKED, UPDATE, COMMIT; on
+    SQLite the DELETE, a SELECT and a compare-and-set UPDATE per job."""
+    enqueue_many(jobs.record.bind(f"r{i}") for i in range(20))
     worker = make_worker(batch=10, batch_window=60)
+    first = worker._next_job()
+    assert first is not None and len(worker._prefetched) == 9
     with CaptureQueriesContext(connection) as queries:
-        for _ in range(10):
+        worker.process(first)
+        for _ in range(9):
             job = worker._next_job()
             assert job is not None
             worker.process(job)
-    assert not Job.objects.exists()
-    claim = {"postgresql": 1, "mysql": 4}.get(connection.vendor, 1 + 10)
-    assert len(queries.captured_queries) == claim + 1 + 10  # the claim, one DELETE, each job's INSERT
+        following = worker._next_job()  # finishes these ten, claims the next ten
+    worker.heartbeat.stop()
+    assert following is not None and len(worker._prefetched) == 9
+    assert Run.objects.count() == 10 and Job.objects.count() == 10
+    queue_work = {"postgresql": 1, "mysql": 1 + 4}.get(connection.vendor, 1 + 1 + 10)
+    assert len(queries.captured_queries) == queue_work + 10  # and each job's INSERT
 
 
 @pytest.mark.parametrize(
@@ -105,6 +117,7 @@ def test_prefetched_jobs_are_kept_alive_by_the_heartbeat_until_they_run():
         second = worker._next_job()
         assert second is not None and second.attempts == 1
         worker.process(second)
+        assert worker._next_job() is None  # deletes the batch, finds nothing more
     finally:
         worker.heartbeat.stop()
     assert Run.objects.count() == 2 and not Job.objects.exists()
@@ -124,6 +137,7 @@ def test_a_job_whose_reservation_was_taken_is_left_alone_by_its_batchs_delete(ca
         for job in claimed:
             assert job is not None
             worker.process(job)
+        assert worker._next_job() is None  # deletes the batch, finds nothing more
     worker.heartbeat.stop()
     assert list(Job.objects.values_list("pk", flat=True)) == [taken.pk]
     assert any("reservation lost" in record.getMessage() for record in caplog.records)
