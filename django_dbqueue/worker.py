@@ -130,9 +130,11 @@ class Worker:
     def run(self) -> StopReason:
         """Process jobs until a stop condition; return why the worker stopped."""
         started = time.monotonic()
-        logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
+        # Read before the line that says the worker runs, so a queue_restart sent
+        # after that line always reaches this worker.
         self._restart_seen = self._read_restart_marker()
         self._restart_checked = started
+        logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
         with self.handle_signals(), self.heartbeat, self._timer:
             try:
                 reason = self._loop(started)
