@@ -47,6 +47,8 @@ PRUNE_INTERVAL = 600.0
 # long in one worker while another is free; and jobs that succeeded wait at
 # most about this long for their batch's DELETE.
 BATCH_WINDOW = 0.05
+# queue_work --batch: the most jobs claimed at once.
+DEFAULT_BATCH = 10
 
 
 class StopReason(enum.Enum):
@@ -73,7 +75,7 @@ class WorkerOptions:
     once: bool = False
     # Most jobs claimed per round trip, and finished per DELETE; the ones not yet
     # running wait in this worker, covered by its heartbeat.
-    batch: int = 1
+    batch: int = DEFAULT_BATCH
     # Seconds of work a batched claim aims at, and the longest a job that
     # succeeded waits for its batch's DELETE (see BATCH_WINDOW).
     batch_window: float = BATCH_WINDOW

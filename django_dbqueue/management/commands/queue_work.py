@@ -13,7 +13,7 @@ from django_dbqueue.checks import check_worker
 from django_dbqueue.execution import Defaults
 from django_dbqueue.management.options import backoff, number, queue_list
 from django_dbqueue.supervisor import Supervisor
-from django_dbqueue.worker import StopReason, Worker, WorkerOptions
+from django_dbqueue.worker import BATCH_WINDOW, DEFAULT_BATCH, StopReason, Worker, WorkerOptions
 
 # Laravel's queue:work exits with 12 when it stops for memory.
 EXIT_MEMORY = 12
@@ -81,11 +81,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--batch",
             type=number(int, 1, "a whole number"),
-            default=10,
+            default=DEFAULT_BATCH,
             help="Most jobs to claim per round trip, and to delete per statement once "
             "done, when jobs are quick: the worker claims about as many as it runs in "
-            "50 ms, so slow jobs are claimed one at a time (default: 10; 1 claims one "
-            "job at a time).",
+            f"{BATCH_WINDOW * 1000:g} ms, so slow jobs are claimed one at a time "
+            f"(default: {DEFAULT_BATCH}; 1 claims one job at a time).",
         )
         parser.add_argument(
             "--concurrency",
