@@ -75,7 +75,8 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
 
 @register()
 def check_timeouts(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """A reservation must outlive a run, or a live job is reclaimed and runs twice."""
+    """A reservation should outlive a run: the heartbeat keeps a live worker's, but not a
+    worker stuck in C code that holds the GIL, whose job is reclaimed and runs twice."""
     try:
         retry_after, timeout = int(conf.get("RETRY_AFTER")), conf.get("TIMEOUT")
     except (TypeError, ValueError):
@@ -85,8 +86,10 @@ def check_timeouts(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         messages.append(
             Warning(
                 f"DBQUEUE['RETRY_AFTER'] ({retry_after} s) is not longer than DBQUEUE['TIMEOUT'] ({timeout} s).",
-                hint="A job still running when its reservation expires is reclaimed and runs a second "
-                "time in parallel. Make RETRY_AFTER longer than TIMEOUT by a margin.",
+                hint="A worker's heartbeat keeps its reservations while it runs Python code, but a job "
+                "stuck in C code that holds the GIL stops the heartbeat too: its reservation expires and "
+                "the job runs a second time in parallel before the worker's hard stop (TIMEOUT plus "
+                "TIMEOUT_GRACE) ends it. Make RETRY_AFTER longer than TIMEOUT by a margin.",
                 id="dbqueue.W001",
             )
         )
@@ -176,7 +179,8 @@ def check_worker(concurrency: int | None, timeout: int | None) -> list[CheckMess
         messages.append(
             Warning(
                 f"--timeout {timeout} is not shorter than DBQUEUE['RETRY_AFTER'] ({retry_after} s).",
-                hint="A job still running when its reservation expires is reclaimed and runs twice.",
+                hint="A job stuck in C code that holds the GIL stops the worker's heartbeat: it is "
+                "reclaimed after RETRY_AFTER and runs twice before --timeout ends it.",
                 id="dbqueue.W004",
             )
         )
