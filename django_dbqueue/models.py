@@ -140,8 +140,10 @@ class JobManager(models.Manager["Job"]):
         deleted = set(rows[0][0])
         jobs = self._from_claim(using, [row[1:] for row in rows if row[1] is not None])
         if not jobs:
-            # The first queue is empty: the others, and the reclaim of expired reservations.
-            jobs = self.reserve_many(queues, limit=limit, worker_id=worker_id, default_tries=default_tries)
+            # The first queue is empty: the others, then as ``reserve_many``.
+            jobs = self._claim_first(queues[1:], limit, worker_id)
+            if not jobs and self.reclaim_expired(default_tries=default_tries):
+                jobs = self._claim_first(queues, limit, worker_id)
         return deleted, jobs
 
     def _claim_first(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Job]:

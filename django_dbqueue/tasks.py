@@ -292,10 +292,12 @@ def run_task(context: JobContext, result_id: str) -> Any:
     return value
 
 
-@receiver(job_enqueued)
+@receiver(job_enqueued, sender=FailedJob)
 def _follow_retried_job(sender: Any, job: Job, **kwargs: Any) -> None:
-    """A task retried from FailedJob runs as a new job: its result follows it."""
-    if job.name != RUN_TASK or sender is not FailedJob:
+    """A task retried from FailedJob runs as a new job: its result follows it.
+
+    Connected for that sender alone, so ``enqueue_many`` can skip its signals."""
+    if job.name != RUN_TASK:
         return
     try:
         result_id = payload.decode(job.payload)["args"][0]

@@ -153,3 +153,37 @@ def test_a_delete_signal_receiver_does_not_split_the_compare_and_set_delete():
         assert "attempts" in statements[0]
     finally:
         post_delete.disconnect(audit)
+
+
+# -- finishing a batch and claiming the next ---------------------------------------
+
+
+def test_finish_and_reserve_deletes_the_batch_that_ran_and_claims_from_the_next_non_empty_queue():
+    ran = [jobs.add.using(queue="high").enqueue(i, i) for i in range(2)]
+    claimed = Job.objects.reserve_many(["high"], limit=2, worker_id="host:1:abc")
+    waiting = jobs.add.using(queue="low").enqueue(9, 9)
+    deleted, following = Job.objects.finish_and_reserve(claimed, ["high", "low"], limit=5, worker_id="host:1:abc")
+    assert deleted == {row.pk for row in ran}
+    assert [job.pk for job in following] == [waiting.pk]
+    assert following[0].attempts == 1 and following[0].reserved_by == "host:1:abc"
+    assert list(Job.objects.values_list("pk", flat=True)) == [waiting.pk]
+
+
+def test_finish_and_reserve_leaves_a_row_whose_reservation_is_no_longer_the_batchs():
+    jobs.add.enqueue(1, 1)
+    jobs.add.enqueue(2, 2)
+    first, second = Job.objects.reserve_many(["default"], limit=2, worker_id="host:1:abc")
+    Job.objects.filter(pk=second.pk).update(attempts=F("attempts") + 1, reserved_by="host:2:def")
+    deleted, following = Job.objects.finish_and_reserve([first, second], ["default"], limit=5)
+    assert deleted == {first.pk} and following == []
+    assert list(Job.objects.values_list("pk", flat=True)) == [second.pk]
+
+
+def test_finish_and_reserve_reclaims_expired_reservations_when_every_queue_is_empty():
+    jobs.add.enqueue(1, 1)
+    jobs.add.enqueue(2, 2)
+    ran, abandoned = Job.objects.reserve_many(["default"], limit=2, worker_id="host:1:abc")
+    expire(abandoned)
+    deleted, following = Job.objects.finish_and_reserve([ran], ["default"], limit=5, worker_id="host:3:ghi")
+    assert deleted == {ran.pk}
+    assert [(job.pk, job.attempts, job.reserved_by) for job in following] == [(abandoned.pk, 2, "host:3:ghi")]

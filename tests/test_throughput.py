@@ -51,8 +51,8 @@ def test_a_batch_runs_every_job_once_with_one_claim_and_one_delete_per_batch():
     # The first claim takes one job (the worker knows nothing of their run time
     # yet), then 10, 10 and 4, then the empty one that ends the run; each claim
     # after the first deletes the batch before it (on PostgreSQL in the same
-    # statement, which claims once more on its own when it found nothing).
-    assert len([s for s in sql if is_claim(s)]) == (6 if connection.vendor == "postgresql" else 5)
+    # statement).
+    assert len([s for s in sql if is_claim(s)]) == 5
     assert len([s for s in sql if is_delete(s)]) == 4
 
 
