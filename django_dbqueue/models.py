@@ -131,7 +131,7 @@ class JobManager(models.Manager["Job"]):
             deleted = self.delete_many_reserved(done)
             return deleted, self.reserve_many(queues, limit=limit, worker_id=worker_id, default_tries=default_tries)
         connection = connections[using]
-        with connection.cursor() as cursor:
+        with _bound_cursor(connection) as cursor:
             cursor.execute(
                 _finish_and_claim_sql(connection),
                 [[job.pk for job in done], [job.attempts for job in done], worker_id, queues[0], limit],
@@ -180,7 +180,7 @@ class JobManager(models.Manager["Job"]):
         comes from the model's meta, every value is a parameter.
         """
         connection = connections[using]
-        with connection.cursor() as cursor:
+        with _bound_cursor(connection) as cursor:
             cursor.execute(_claim_sql(connection), [worker_id, queue, limit])
             return self._from_claim(using, cursor.fetchall())
 
@@ -274,7 +274,7 @@ class JobManager(models.Manager["Job"]):
         connection = connections[self.get_queryset().db]
         table, pk, attempts = _names(connection, "id", "attempts")
         ids = {job.pk for job in jobs}
-        with connection.cursor() as cursor:
+        with _bound_cursor(connection) as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute(_delete_sql(connection), [[job.pk for job in jobs], [job.attempts for job in jobs]])
                 return {row[0] for row in cursor.fetchall()}
@@ -474,6 +474,28 @@ def _names(connection: Any, *fields: str) -> list[str]:
     qn = connection.ops.quote_name
     columns = {field.name: str(field.column) for field in meta.concrete_fields}
     return [str(qn(meta.db_table)), *(str(qn(columns[name])) for name in fields)]
+
+
+def _bound_cursor(connection: Any) -> Any:
+    """A cursor for the worker's fixed statements: on psycopg 3, one that sends the
+    parameters apart from the SQL (server-side binding), which spares formatting
+    them into the query text in Python; elsewhere the connection's usual cursor.
+
+    Django's cursor wrappers keep its error translation and query logging. The
+    statements are prepared by the server only if the project asked psycopg to
+    (OPTIONS ``prepare_threshold``), as for any query.
+    """
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    cursor = psycopg.Cursor(connection.connection)
+    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
 
 
 def _delete_sql(connection: Any) -> str:
