@@ -294,11 +294,13 @@ def can_restart_postgres() -> tuple[bool, str]:
     return True, ""
 
 
-def test_four_workers_drain_5000_jobs_through_postgresql_restarts(worker_process):
+def test_four_workers_drain_20000_jobs_through_postgresql_restarts(worker_process):
     runnable, reason = can_restart_postgres()
     if not runnable:
         pytest.skip(reason)
-    total = 5000
+    # Enough that the queue is still busy after the first restart (the workers
+    # drain a few thousand jobs a second).
+    total = 20000
     enqueue_many(jobs.record.bind(f"r{i}") for i in range(total))
     process = worker_process("--concurrency", "4", "--sleep", "0.05")
     wait_until(lambda: len(children_of(process.pid)) == 4, 30, f"the workers never started:\n{process.output()}")
