@@ -188,18 +188,16 @@ def time_claims(iterations: int) -> dict[str, Any]:
 
 
 def explain_claim() -> str:
-    """EXPLAIN ANALYZE of the claim's SELECT ... FOR UPDATE SKIP LOCKED, as the claim sends it."""
+    """EXPLAIN ANALYZE of the claim statement (UPDATE ... WHERE id IN (SELECT ... FOR UPDATE
+    SKIP LOCKED) RETURNING), with the claim's own SQL and parameters, rolled back."""
     from django.db import connection, transaction
-    from django.test.utils import CaptureQueriesContext
 
-    from django_dbqueue.models import Job
+    from django_dbqueue.models import _claim_sql
 
-    with CaptureQueriesContext(connection) as captured, transaction.atomic():
-        Job.objects.reserve_many(["default"], limit=1, worker_id="bench:explain:0")
-        transaction.set_rollback(True)
-    select = next(q["sql"] for q in captured.captured_queries if "SKIP LOCKED" in q["sql"].upper())
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING ON) " + select)
+        cursor.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING ON) " + _claim_sql(connection), ["bench:explain:0", "default", 1]
+        )
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
     return plan
