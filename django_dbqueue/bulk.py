@@ -141,6 +141,31 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job]:
     return jobs
 
 
+def insert_one(new: NewJob) -> Job:
+    """Insert one new job and return it saved, with its id and times.
+
+    On PostgreSQL the batch statement with one row: one round trip, and no
+    transaction of its own (one statement is atomic), so ``enqueue`` inside
+    the caller's transaction still becomes visible only on its commit.
+    Elsewhere ``Model.save``, which gives the id on every backend.
+    """
+    using = alias()
+    connection = connections[using]
+    if connection.vendor != "postgresql" or not _fits_table():
+        from .registry import _load_database_times
+
+        job = new.to_job()
+        job.save(force_insert=True, using=using)
+        _load_database_times([job])
+        return job
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _unnest_insert(connection), [encode([value]) for encode, value in zip(_ENCODERS, new, strict=True)]
+        )
+        row = cursor.fetchone()
+    return _saved(using, new, *row)
+
+
 def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at: datetime) -> Job:
     values = (pk, new.queue, new.name, new.payload, new.priority, 0, new.max_tries, new.retry_after, new.timeout)
     return Job.from_db(using, _COLUMNS, (*values, available_at, None, "", created_at))

@@ -180,9 +180,9 @@ class JobCall:
 
     def enqueue(self) -> Job:
         """Store this call (and what follows it); see ``JobDefinition.enqueue``."""
-        job = self.to_row()
-        job.save(force_insert=True, using=job._state.db)
-        _load_database_times([job])
+        from .bulk import insert_one
+
+        job = insert_one(self.to_new_job())
         signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
         logger.debug("enqueued job=%s id=%s queue=%s", job.name, job.pk, job.queue)
         return job
