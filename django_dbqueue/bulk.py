@@ -200,8 +200,20 @@ def _fits_table() -> bool:
 def _unnest_insert(connection: BaseDatabaseWrapper) -> str:
     """The INSERT of one batch: one array parameter per ``NewJob`` field, the times from the server's clock.
 
-    Identifiers come from the model's ``_meta``, quoted by the backend.
+    Identifiers come from the model's ``_meta``, quoted by the backend. Built
+    once per backend (PostgreSQL only, today).
     """
+    sql = _UNNEST_INSERT.get(connection.vendor)
+    if sql is None:
+        sql = _UNNEST_INSERT[connection.vendor] = _build_unnest_insert(connection)
+    return sql
+
+
+# The INSERT's text per database vendor.
+_UNNEST_INSERT: dict[str, str] = {}
+
+
+def _build_unnest_insert(connection: BaseDatabaseWrapper) -> str:
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
