@@ -137,6 +137,10 @@ def chain_of(envelope: dict[str, Any]) -> dict[str, Any] | None:
 
 def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
     """The rows to insert with ``job``'s outcome: its next step or callbacks, or its failure callback."""
+    keys = ('"next"', '"then"') if succeeded else ('"on_failure"',)
+    if not any(key in job.payload for key in keys):
+        # No such key in the envelope (a string containing one only costs the full parse below).
+        return []
     try:
         data = payload.raw(job.payload)
         if not succeeded:

@@ -11,6 +11,7 @@ nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -498,6 +499,21 @@ def _bound_cursor(connection: Any) -> Any:
     return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
 
 
+def _cached_sql(build: Callable[[Any], str]) -> Callable[[Any], str]:
+    """Build a fixed statement once per database vendor."""
+    texts: dict[str, str] = {}
+
+    @functools.wraps(build)
+    def sql(connection: Any) -> str:
+        text = texts.get(connection.vendor)
+        if text is None:
+            text = texts[connection.vendor] = build(connection)
+        return text
+
+    return sql
+
+
+@_cached_sql
 def _delete_sql(connection: Any) -> str:
     """PostgreSQL: delete the rows whose (id, attempts) are in two arrays, returning their ids."""
     table, pk, attempts = _names(connection, "id", "attempts")
@@ -507,6 +523,7 @@ def _delete_sql(connection: Any) -> str:
     )
 
 
+@_cached_sql
 def _finish_and_claim_sql(connection: Any) -> str:
     """PostgreSQL: ``_delete_sql`` and ``_claim_sql`` in one statement and one transaction.
 
@@ -521,6 +538,7 @@ def _finish_and_claim_sql(connection: Any) -> str:
     )
 
 
+@_cached_sql
 def _claim_sql(connection: Any) -> str:
     """The one-statement claim for PostgreSQL."""
     table, pk, queue, priority, available_at, reserved_at, reserved_by, attempts = _names(
