@@ -49,6 +49,9 @@ PRUNE_INTERVAL = 600.0
 BATCH_WINDOW = 0.05
 # queue_work --batch: the most jobs claimed at once.
 DEFAULT_BATCH = 10
+# Seconds a stopping worker goes on running the jobs it has claimed before it
+# gives the rest back.
+STOP_FINISH = 1.0
 
 
 class StopReason(enum.Enum):
@@ -150,10 +153,17 @@ class Worker:
 
     def _loop(self, started: float) -> StopReason:
         options = self.options
+        stopping: float | None = None
         while True:
             reason = self._stop_reason(started)
             if reason is not None:
-                return reason
+                # Run the jobs already claimed (a batch is about BATCH_WINDOW of
+                # work) rather than give them back, which would use up one of
+                # their tries each; for STOP_FINISH seconds at most, and not
+                # after a second stop signal.
+                stopping = time.monotonic() if stopping is None else stopping
+                if not self._prefetched or self._signals >= 2 or time.monotonic() - stopping >= STOP_FINISH:
+                    return reason
             job = self._next_job()
             if job is None:
                 if self.stop_requested:

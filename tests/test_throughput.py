@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django_dbqueue import enqueue_many, signals
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import Job
-from django_dbqueue.worker import Worker, WorkerOptions
+from django_dbqueue.worker import StopReason, Worker, WorkerOptions
 from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
@@ -175,3 +175,34 @@ def test_an_idle_worker_is_woken_by_notify_long_before_its_next_poll(worker_proc
     assert time.monotonic() - started < 5
     process.signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
+
+
+@pytest.mark.django_db
+def test_a_stopping_worker_runs_the_jobs_it_has_claimed_instead_of_giving_them_back():
+    enqueue_many(jobs.record.bind(f"v{i}") for i in range(4))
+    worker = make_worker(batch=4, stop_when_empty=True, sleep=0)
+
+    def stop_at_first_start(sender, **kwargs):
+        worker.request_stop()
+
+    signals.job_started.connect(stop_at_first_start)
+    try:
+        reason = worker.run()  # claims all four, is stopped during the first
+    finally:
+        signals.job_started.disconnect(stop_at_first_start)
+    assert reason is StopReason.SIGNAL
+    assert Run.objects.count() == 4 and not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_worker_that_cannot_finish_its_claimed_jobs_in_time_gives_the_rest_back(monkeypatch):
+    enqueue_many(jobs.record.bind(f"w{i}") for i in range(3))
+    worker = make_worker(batch=3)
+    monkeypatch.setattr("django_dbqueue.worker.STOP_FINISH", 0)
+    worker.request_stop()
+    first = worker._next_job()  # claims three, as a worker that was just stopping would hold
+    assert first is not None
+    worker.process(first)
+    assert worker.run() is StopReason.SIGNAL
+    assert Run.objects.count() == 1
+    assert list(Job.objects.values_list("attempts", "reserved_at")) == [(1, None), (1, None)]
