@@ -108,11 +108,15 @@ class JobTimer:
     def limit(self, seconds: int | None) -> Iterator[None]:
         """Stop the code run inside after ``seconds`` (None or 0: no limit)."""
         if not seconds or not self._entered:
+            # A watchdog armed for an earlier job must not end this one.
+            self.pause()
             yield
             return
         self._seconds = seconds
         needed = time.monotonic() + seconds + self.grace
-        if needed > self._hard_stop_at:
+        # Keep the armed watchdog only if it fires after this job's hard stop, and
+        # not more than HARD_STOP_SLACK later.
+        if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
             _hard_stop_later(seconds + self.grace + HARD_STOP_SLACK)
             self._hard_stop_at = needed + HARD_STOP_SLACK
         self._armed = True

@@ -87,6 +87,28 @@ def test_a_second_signal_releases_the_job_and_exits_at_once(worker_process):
     assert not Run.objects.exists() and not FailedJob.objects.exists()
 
 
+def test_a_job_without_a_timeout_is_not_ended_by_the_watchdog_armed_for_the_job_before_it(worker_process):
+    jobs.slow.enqueue("quick", 0)  # timeout 1 s: the hard stop is armed for about 3 s
+    jobs.nap.enqueue("long", 5)  # no timeout at all under --timeout 0
+    process = worker_process(
+        "--timeout", "0", "--stop-when-empty", "--sleep", "0.05", env={"DBQUEUE_TEST_TIMEOUT_GRACE": "1"}
+    )
+    assert process.wait(timeout=60) == 0, process.output()
+    assert Run.objects.filter(key="long").exists() and not Job.objects.exists()
+
+
+def test_a_short_timeout_after_a_long_one_gets_its_own_hard_stop(worker_process):
+    jobs.sleep_then_record.enqueue("first", 0)  # timeout 20 s
+    jobs.block_in_c.enqueue("stuck")  # timeout 1 s, stuck in C: ended after 1 + 1 s, not 20 + 1
+    started = time.monotonic()
+    process = worker_process(
+        "--concurrency", "1", "--stop-when-empty", "--sleep", "0.05", env={"DBQUEUE_TEST_TIMEOUT_GRACE": "1"}
+    )
+    assert process.wait(timeout=60) == 0, process.output()
+    assert time.monotonic() - started < 15, process.output()
+    assert FailedJob.objects.get().exception_class == "django_dbqueue.exceptions.WorkerLost"
+
+
 def test_a_job_blocked_in_c_code_is_stopped_and_the_supervisor_carries_on(worker_process):
     jobs.block_in_c.enqueue("stuck")
     jobs.record.enqueue("after")

@@ -60,6 +60,13 @@ def slow(context: JobContext, key: str, seconds: float) -> None:
     Run.objects.create(key=f"{key}-{context.attempt}", pid=os.getpid())
 
 
+@job(retry_after=30)
+def nap(key: str, seconds: float) -> None:
+    """No timeout of its own: under queue_work --timeout 0 it may run as long as it likes."""
+    time.sleep(seconds)
+    Run.objects.create(key=key, pid=os.getpid())
+
+
 @job(tries=5, timeout=20, retry_after=30)
 def sleep_then_record(key: str, seconds: float) -> None:
     time.sleep(seconds)
