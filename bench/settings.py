@@ -26,6 +26,13 @@ if BENCH_DB == "postgres":
             # Django's default, as in a web project: the worker keeps its
             # connection whatever this says.
             "CONN_MAX_AGE": 0,
+            # BENCH_PREPARE_THRESHOLD=5 lets psycopg prepare statements run 5 times
+            # (Django's default, unset, prepares none: see docs/performance.md).
+            "OPTIONS": (
+                {"prepare_threshold": int(os.environ["BENCH_PREPARE_THRESHOLD"])}
+                if os.environ.get("BENCH_PREPARE_THRESHOLD")
+                else {}
+            ),
         }
     }
 elif BENCH_DB == "mysql":
