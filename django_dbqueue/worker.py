@@ -153,16 +153,17 @@ class Worker:
 
     def _loop(self, started: float) -> StopReason:
         options = self.options
-        stopping: float | None = None
+        # Once a stop condition is seen: it, and since when.
+        stopping: tuple[StopReason, float] | None = None
         while True:
-            reason = self._stop_reason(started)
+            reason = stopping[0] if stopping is not None else self._stop_reason(started)
             if reason is not None:
                 # Run the jobs already claimed (a batch is about BATCH_WINDOW of
                 # work) rather than give them back, which would use up one of
                 # their tries each; for STOP_FINISH seconds at most, and not
                 # after a second stop signal.
-                stopping = time.monotonic() if stopping is None else stopping
-                if not self._prefetched or self._signals >= 2 or time.monotonic() - stopping >= STOP_FINISH:
+                stopping = stopping or (reason, time.monotonic())
+                if not self._prefetched or self._signals >= 2 or time.monotonic() - stopping[1] >= STOP_FINISH:
                     return reason
             job = self._next_job()
             if job is None:
