@@ -95,18 +95,34 @@ class JobManager(models.Manager["Job"]):
         limit: int,
         worker_id: str = "",
         default_tries: int | None = None,
+        before_reclaim: Callable[[], None] | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` jobs from the first non-empty queue in ``queues``.
 
         When nothing is available, reclaim expired reservations and try once more,
-        so only an idle worker pays for the reclaim.
+        so only an idle worker pays for the reclaim (``before_reclaim`` is called
+        first: a reclaim of many rows can take a while).
         """
         if limit < 1:
             raise ValueError("limit must be at least 1")
         jobs = self._claim_first(queues, limit, worker_id)
-        if not jobs and self.reclaim_expired(default_tries=default_tries):
-            jobs = self._claim_first(queues, limit, worker_id)
+        if not jobs:
+            jobs = self._reclaim_and_claim(queues, limit, worker_id, default_tries, before_reclaim)
         return jobs
+
+    def _reclaim_and_claim(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        worker_id: str,
+        default_tries: int | None,
+        before_reclaim: Callable[[], None] | None,
+    ) -> list[Job]:
+        if before_reclaim is not None:
+            before_reclaim()
+        if self.reclaim_expired(default_tries=default_tries):
+            return self._claim_first(queues, limit, worker_id)
+        return []
 
     def finish_and_reserve(
         self,
@@ -116,6 +132,7 @@ class JobManager(models.Manager["Job"]):
         limit: int,
         worker_id: str = "",
         default_tries: int | None = None,
+        before_reclaim: Callable[[], None] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """Delete ``done`` (jobs that succeeded, as ``delete_many_reserved``), then
         claim up to ``limit`` jobs (as ``reserve_many``); return the ids deleted
@@ -125,12 +142,20 @@ class JobManager(models.Manager["Job"]):
         statement, so a worker in steady state pays one round trip and one
         commit per batch.
         """
+        reserve = functools.partial(
+            self.reserve_many,
+            queues,
+            limit=limit,
+            worker_id=worker_id,
+            default_tries=default_tries,
+            before_reclaim=before_reclaim,
+        )
         if not done:
-            return set(), self.reserve_many(queues, limit=limit, worker_id=worker_id, default_tries=default_tries)
+            return set(), reserve()
         using = self.get_queryset().db
         if connections[using].vendor != "postgresql" or not queues:
             deleted = self.delete_many_reserved(done)
-            return deleted, self.reserve_many(queues, limit=limit, worker_id=worker_id, default_tries=default_tries)
+            return deleted, reserve()
         connection = connections[using]
         with _bound_cursor(connection) as cursor:
             cursor.execute(
@@ -143,8 +168,8 @@ class JobManager(models.Manager["Job"]):
         if not jobs:
             # The first queue is empty: the others, then as ``reserve_many``.
             jobs = self._claim_first(queues[1:], limit, worker_id)
-            if not jobs and self.reclaim_expired(default_tries=default_tries):
-                jobs = self._claim_first(queues, limit, worker_id)
+            if not jobs:
+                jobs = self._reclaim_and_claim(queues, limit, worker_id, default_tries, before_reclaim)
         return deleted, jobs
 
     def _claim_first(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Job]:

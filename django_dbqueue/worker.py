@@ -276,6 +276,8 @@ class Worker:
                 limit=limit,
                 worker_id=self.worker_id,
                 default_tries=self.options.defaults.tries,
+                # The last job's watchdog must not end a long reclaim.
+                before_reclaim=self._timer.pause,
             )
         except DatabaseError as exc:
             self._database_trouble(exc, "reserve", attempt=self._reserve_errors)

@@ -187,3 +187,16 @@ def test_finish_and_reserve_reclaims_expired_reservations_when_every_queue_is_em
     deleted, following = Job.objects.finish_and_reserve([ran], ["default"], limit=5, worker_id="host:3:ghi")
     assert deleted == {ran.pk}
     assert [(job.pk, job.attempts, job.reserved_by) for job in following] == [(abandoned.pk, 2, "host:3:ghi")]
+
+
+def test_the_hook_before_a_reclaim_runs_only_when_nothing_could_be_claimed():
+    calls: list[str] = []
+    jobs.add.enqueue(1, 1)
+    claimed = Job.objects.reserve_many(["default"], limit=1, before_reclaim=lambda: calls.append("reserve"))
+    assert len(claimed) == 1 and calls == []
+    deleted, following = Job.objects.finish_and_reserve(
+        claimed, ["default"], limit=1, before_reclaim=lambda: calls.append("finish")
+    )
+    assert deleted == {claimed[0].pk} and following == [] and calls == ["finish"]
+    assert Job.objects.reserve_many(["default"], limit=1, before_reclaim=lambda: calls.append("idle")) == []
+    assert calls == ["finish", "idle"]
