@@ -60,7 +60,7 @@ def slow(context: JobContext, key: str, seconds: float) -> None:
     Run.objects.create(key=f"{key}-{context.attempt}", pid=os.getpid())
 
 
-@job(retry_after=30)
+@job(retry_after=120)
 def nap(key: str, seconds: float) -> None:
     """No timeout of its own: under queue_work --timeout 0 it may run as long as it likes."""
     time.sleep(seconds)
