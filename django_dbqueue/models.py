@@ -256,16 +256,10 @@ class JobManager(models.Manager["Job"]):
     def extend(self, job: Job, *, worker_id: str) -> bool:
         """Move the reservation of ``job`` to the database's now, if ``worker_id`` still holds it.
 
-        A worker's heartbeat calls this while the job runs, so a live worker's
-        reservation never reaches its ``retry_after``. False once the job was
-        finished, released or reclaimed: a later reservation is never extended.
+        False once the job was finished, released or reclaimed: a later
+        reservation is never extended. See ``extend_many``.
         """
-        held = self.get_queryset().held(job).filter(reserved_by=worker_id, reserved_at__isnull=False)
-        # Write the clock as a value, like the claim: SQLite stores DbNow() as text
-        # with 3 decimals, which a reclaim's compare-and-set on reserved_at (6
-        # decimals) would never match.
-        row = held.only("pk").annotate(**_DB_NOW).first()
-        return row is not None and bool(held.update(reserved_at=row.db_now))
+        return job.pk in self.extend_many([job], worker_id=worker_id)
 
     def extend_many(self, jobs: Sequence[Job], *, worker_id: str) -> set[int]:
         """Move the reservations of ``jobs`` that ``worker_id`` still holds to the
@@ -277,7 +271,9 @@ class JobManager(models.Manager["Job"]):
         if not jobs:
             return set()
         held = self.get_queryset().filter(_held_by_reservation(jobs), reserved_by=worker_id, reserved_at__isnull=False)
-        # Read the clock once and write it as a value (see ``extend``).
+        # Read the clock once and write it as a value, like the claim: SQLite stores
+        # DbNow() as text with 3 decimals, which a reclaim's compare-and-set on
+        # reserved_at (6 decimals) would never match.
         rows = list(held.order_by().only("pk").annotate(**_DB_NOW))
         if rows:
             held.update(reserved_at=rows[0].db_now)

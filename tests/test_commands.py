@@ -24,6 +24,8 @@ from tests.testapp.models import Run
         (["--backoff", "-1"], "has a negative delay"),
         (["--memory", "lots"], "'lots' is not whole megabytes"),
         (["--concurrency", "0"], "'0' must be at least 1"),
+        (["--batch", "0"], "'0' must be at least 1"),
+        (["--batch", "many"], "'many' is not a whole number"),
     ],
 )
 def test_a_bad_option_is_refused_with_a_clear_message(args, message):
