@@ -55,7 +55,9 @@ def test_a_job_running_three_times_its_retry_after_is_not_stolen_from_its_live_w
     assert list(Attempt.objects.values_list("attempt", flat=True)) == [1], second.output()
     assert Run.objects.get(key="long").pid == first.pid
     assert latest - reserved_at >= dt.timedelta(seconds=2), "the reservation was never extended"
-    assert not Job.objects.exists() and not FailedJob.objects.exists()
+    # The job writes its Run row before it returns; its worker deletes the job row just after.
+    wait_until(lambda: not Job.objects.exists(), 10, f"the finished job was not deleted:\n{first.output()}")
+    assert not FailedJob.objects.exists()
     assert "reclaimed" not in first.output() + second.output()
     for process in (first, second):
         process.signal(signal.SIGTERM)
