@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from . import conf, registry
+from . import conf, registry, validation
 
 CLAIM_VENDORS = ("postgresql", "mysql", "sqlite")
 
@@ -20,6 +20,22 @@ def _number(value: Any, *, minimum: float, integer: bool = False) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return (isinstance(value, int) or not integer) and value >= minimum
+
+
+def _optional_int(value: Any, minimum: int) -> bool:
+    return value is None or _number(value, minimum=minimum, integer=True)
+
+
+def _dotted(value: Any) -> bool:
+    return isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split("."))
+
+
+def _queue_names(value: Any) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(validation.queue_name_error(name) is None for name in value)
+    )
 
 
 VALIDATORS: dict[str, tuple[str, Any]] = {
@@ -34,6 +50,22 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "AUTODISCOVER": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
     "RESULT_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
+    "PROGRESS_TOKEN_MAX_AGE": ("an int >= 1 (seconds)", lambda v: _number(v, minimum=1, integer=True)),
+    "PROGRESS_SHOW_ERROR": ("a bool", lambda v: isinstance(v, bool)),
+    "ERROR_MAX_LENGTH": (
+        "an int >= 200 (characters) or None",
+        lambda v: v is None or _number(v, minimum=200, integer=True),
+    ),
+    "ERROR_SCRUBBER": ("a callable, its dotted path, or None", lambda v: v is None or callable(v) or _dotted(v)),
+    "MAX_PAYLOAD_SIZE": (
+        "an int >= 1024 (bytes) or None",
+        lambda v: v is None or _number(v, minimum=1024, integer=True),
+    ),
+    "QUEUES": ("None, or a non-empty list of valid queue names", lambda v: v is None or _queue_names(v)),
+    "READ_DATABASE": ("a database alias (str) or None", lambda v: v is None or (isinstance(v, str) and bool(v))),
+    "LISTEN": ("a bool", lambda v: isinstance(v, bool)),
+    "LISTEN_DATABASE": ("a database alias (str) or None", lambda v: v is None or (isinstance(v, str) and bool(v))),
+    "NETWORK_TIMEOUT": ("a number >= 1 (seconds) or None", lambda v: v is None or _number(v, minimum=1)),
 }
 assert set(VALIDATORS) == set(conf.DEFAULTS)
 
@@ -62,14 +94,16 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
             messages.append(Error(f"DBQUEUE[{key!r}] must be {expected}, not {value!r}.", id="dbqueue.E003"))
     if messages:
         return messages
-    if conf.get("DATABASE") not in settings.DATABASES:
-        messages.append(
-            Error(
-                f"DBQUEUE['DATABASE'] is {conf.get('DATABASE')!r}, which is not in DATABASES.",
-                hint=f"Use one of: {', '.join(settings.DATABASES)}.",
-                id="dbqueue.E004",
+    for key in ("DATABASE", "READ_DATABASE", "LISTEN_DATABASE"):
+        value = conf.get(key)
+        if value is not None and value not in settings.DATABASES:
+            messages.append(
+                Error(
+                    f"DBQUEUE[{key!r}] is {value!r}, which is not in DATABASES.",
+                    hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                    id="dbqueue.E004",
+                )
             )
-        )
     return messages
 
 

@@ -35,6 +35,34 @@ DEFAULTS: dict[str, Any] = {
     # Hours after which idle workers delete finished django.tasks results; None
     # keeps them (prune with ``queue_prune_results``).
     "RESULT_MAX_AGE": None,
+    # Seconds a progress token (``progress.progress_token``) stays valid.
+    "PROGRESS_TOKEN_MAX_AGE": 86400,
+    # Serve the last line of a failed job's error in the progress view. Off:
+    # error text often carries personal data or secrets.
+    "PROGRESS_SHOW_ERROR": False,
+    # Characters of error text (tracebacks) stored per failure: the head and the
+    # tail are kept, with a marker between them. None: no limit.
+    "ERROR_MAX_LENGTH": 20000,
+    # A callable (or its dotted path) that takes error text and returns it with
+    # secrets removed, applied before it is stored or logged; None: stored as is.
+    "ERROR_SCRUBBER": "django_dbqueue.errors.scrub_secrets",
+    # Largest encoded payload (bytes) a job may be enqueued with; None: no limit.
+    "MAX_PAYLOAD_SIZE": 1024 * 1024,
+    # The queue names jobs may use; None: any valid name.
+    "QUEUES": None,
+    # Alias the read-only counts (admin overview, queue_monitor) may read, such as
+    # a replica; None: DATABASE. Claims and state changes always use DATABASE.
+    "READ_DATABASE": None,
+    # Idle workers on PostgreSQL LISTEN for new jobs; False: they only poll (for
+    # a transaction pooler such as PgBouncer, when no LISTEN_DATABASE is set).
+    "LISTEN": True,
+    # Alias with a direct (not transaction-pooled) connection to the queue's
+    # PostgreSQL server, used only for LISTEN; None: DATABASE.
+    "LISTEN_DATABASE": None,
+    # Seconds a silent network may stall a worker's database call before its
+    # connection counts as broken (TCP keepalives and user timeout on PostgreSQL,
+    # read/write timeouts on MariaDB/MySQL); None: the driver's defaults.
+    "NETWORK_TIMEOUT": 30,
 }
 
 

@@ -259,7 +259,7 @@ def _after_error(
     tracker: Tracker | None,
 ) -> Outcome:
     """Release the job for another attempt after its backoff, or fail it once its tries are used."""
-    if job.attempts >= tries:
+    if job.tries_spent >= tries:
         return _failed(exc, started, _traceback(exc), tracker)
     backoff = envelope.get("backoff")
     if backoff is None or not registry.valid_backoff(backoff):

@@ -329,9 +329,19 @@ class JobManager(models.Manager["Job"]):
                 self.bulk_enqueue(follow_ups)
         return bool(deleted)
 
-    def release(self, job: Job, *, delay: float = 0) -> bool:
-        """Put a reserved job back, available after ``delay`` seconds."""
-        return bool(self.get_queryset().held(job).update(reserved_at=None, reserved_by="", available_at=_after(delay)))
+    def release(self, job: Job, *, delay: float = 0, give_back: bool = False) -> bool:
+        """Put a reserved job back, available after ``delay`` seconds.
+
+        ``give_back``: the reservation does not spend one of the job's tries (it
+        never started, or the database connection broke under it).
+        """
+        changes: dict[str, Any] = {"reserved_at": None, "reserved_by": "", "available_at": _after(delay)}
+        if give_back:
+            changes["given_back"] = F("given_back") + 1
+        released = bool(self.get_queryset().held(job).update(**changes))
+        if released and give_back:
+            job.given_back += 1
+        return released
 
     def fail(
         self,
@@ -395,7 +405,7 @@ class JobManager(models.Manager["Job"]):
             assert job.reserved_at is not None
             if only is not None and job.pk not in only:
                 continue
-            if job.attempts >= job.tries_allowed(tries_default):
+            if job.tries_spent >= job.tries_allowed(tries_default):
                 error = RECLAIMED_ERROR.format(
                     name=job.name, id=job.pk, attempts=job.attempts, retry_after=job.retry_after
                 )
@@ -446,7 +456,7 @@ class JobManager(models.Manager["Job"]):
         held = self.get_queryset().filter(reserved_by=worker_id, reserved_at__isnull=False)
         for job in held.annotate(**_DB_NOW):
             assert job.reserved_at is not None
-            if job.attempts >= job.tries_allowed(tries_default):
+            if job.tries_spent >= job.tries_allowed(tries_default):
                 elapsed = (job.db_now - job.reserved_at).total_seconds()
                 done = (
                     self.fail(
@@ -599,6 +609,10 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0)
     # Reservations so far; bumped by every reserve and never reset.
     attempts = models.PositiveIntegerField(default=0)
+    # Reservations given back without spending a try: claimed but never started
+    # (a stopping worker), or ended by the loss of the database connection, not
+    # by the job. The tries checks count ``attempts - given_back``.
+    given_back = models.PositiveIntegerField(default=0, db_default=0)
     # None: the worker's --tries (or DBQUEUE["TRIES"]) applies.
     max_tries = models.PositiveSmallIntegerField(null=True, blank=True)
     # Stored per row so any worker can tell when a reservation has expired.
@@ -645,6 +659,11 @@ class Job(models.Model):
 
     def tries_allowed(self, default: int) -> int:
         return self.max_tries if self.max_tries is not None else default
+
+    @property
+    def tries_spent(self) -> int:
+        """Reservations that count against the job's tries."""
+        return self.attempts - self.given_back
 
 
 class FailedJobQuerySet(models.QuerySet["FailedJob"]):
@@ -771,6 +790,36 @@ class QueueControl(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} at {self.updated_at}"
+
+
+class QueueWorker(models.Model):
+    """A live worker process: the queues it serves, written at start and by its heartbeat.
+
+    Removed when the worker stops; a row whose ``last_seen_at`` is old belongs to a
+    worker that died.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    worker_id = models.CharField(max_length=100, unique=True, help_text="As in Job.reserved_by.")
+    hostname = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField()
+    queues = models.TextField(help_text="Queues served, comma-separated, highest priority first.")
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_worker"
+        verbose_name = "worker"
+        indexes = [models.Index(fields=["last_seen_at"], name="dbqueue_worker_seen")]
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+    @property
+    def queue_list(self) -> list[str]:
+        return [queue for queue in self.queues.split(",") if queue]
 
 
 class TaskResultRecord(models.Model):
