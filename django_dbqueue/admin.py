@@ -182,7 +182,7 @@ class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description="Retry selected failed jobs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[FailedJob]) -> None:
-        count = len(retry_failed(queryset))
+        count = retry_failed(queryset)
         self.message_user(
             request,
             ngettext("%d job was put back on the queue.", "%d jobs were put back on the queue.", count) % count,

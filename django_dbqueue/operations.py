@@ -93,9 +93,9 @@ def release_expired(jobs: QuerySet[Job] | None = None) -> int:
     return Job.objects.reclaim_expired(ids=ids)
 
 
-def retry_failed(failed: QuerySet[FailedJob]) -> list[Job]:
-    """Put failed jobs back as fresh jobs and remove their failed rows, in one transaction."""
-    return FailedJob.objects.retry(failed.values_list("pk", flat=True))
+def retry_failed(failed: QuerySet[FailedJob]) -> int:
+    """Put failed jobs back as fresh jobs and remove their failed rows; return how many."""
+    return len(FailedJob.objects.retry(failed.values_list("pk", flat=True)))
 
 
 def failed_older_than(hours: float) -> QuerySet[FailedJob]:

@@ -50,12 +50,12 @@ class Command(BaseCommand):
             raise CommandError("Pass ids, --queue/--name, or all: one kind of selection at a time.")
         if specs:
             try:
-                jobs = operations.retry_failed_ids(operations.parse_ids(specs))
+                count = len(operations.retry_failed_ids(operations.parse_ids(specs)))
             except FailedJobsNotFound as exc:
                 raise CommandError(f"Nothing was retried: {exc}.") from None
         else:
-            jobs = operations.retry_failed(operations.failed_jobs(queue=opts["queue"], name=opts["name"]))
-        if not jobs:
+            count = operations.retry_failed(operations.failed_jobs(queue=opts["queue"], name=opts["name"]))
+        if not count:
             self.stdout.write(self.style.WARNING("No failed job matched: 0 job(s) were put back on the queue."))
             return
-        self.stdout.write(self.style.SUCCESS(f"{len(jobs)} job(s) were put back on the queue."))
+        self.stdout.write(self.style.SUCCESS(f"{count} job(s) were put back on the queue."))
