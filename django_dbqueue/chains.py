@@ -19,9 +19,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from . import conf, payload
+from . import conf, payload, validation
 from .bulk import NewJob
-from .exceptions import PayloadError
+from .exceptions import PayloadError, UnknownQueue
 from .models import Job
 from .registry import JobCall, JobDefinition, _load_database_times
 from .signals import job_enqueued
@@ -36,8 +36,15 @@ def new_job(
     then: Sequence[dict[str, Any]] = (),
     on_failure: dict[str, Any] | None = None,
     chain: dict[str, Any] | None = None,
+    check: bool = True,
 ) -> NewJob:
-    """Return the row values of a job that runs ``step``, carrying what follows it."""
+    """Return the row values of a job that runs ``step``, carrying what follows it.
+
+    Every enqueue path (``enqueue``, ``enqueue_many``, chains, the ``django.tasks``
+    backend) builds its rows here, so this is where the queue name and the
+    payload size are checked; ``check=False`` skips that for follow-ups of a job
+    that was checked when it was enqueued.
+    """
     envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
     backoff = step.get("backoff")
     if backoff:
@@ -50,16 +57,37 @@ def new_job(
         envelope["on_failure"] = on_failure
     if chain:
         envelope["chain"] = chain
+    text = payload.dumps(envelope)
+    if check:
+        # The steps that follow are checked now too: a follow-up is enqueued when
+        # the job ends, where an error could only be logged.
+        for item in (step, *next_steps, *then, *([on_failure] if on_failure else [])):
+            check_queue(item["name"], item.get("queue"))
+        payload.check_size(step["name"], text)
     return NewJob(
         queue=step["queue"],
         name=step["name"],
-        payload=payload.dumps(envelope),
+        payload=text,
         priority=int(step.get("priority") or 0),
         max_tries=step.get("tries"),
         retry_after=int(step.get("retry_after") or conf.get("RETRY_AFTER")),
         timeout=step.get("timeout"),
         delay=float(step.get("delay") or 0),
     )
+
+
+def check_queue(name: str, queue: Any) -> None:
+    """Raise ValueError if job ``name`` cannot be enqueued into ``queue``: a bad name, or one not in ``QUEUES``."""
+    error = validation.queue_name_error(queue)
+    if error is not None:
+        raise ValueError(f"Cannot enqueue {name}: {error}")
+    known = conf.get("QUEUES")
+    if known is not None and queue not in known:
+        raise UnknownQueue(
+            f"Cannot enqueue {name} into the queue {queue!r}: it is not in DBQUEUE['QUEUES'] "
+            f"({', '.join(map(repr, known))}), so no worker is meant to serve it. "
+            "Add it to QUEUES, or pick one of those queues."
+        )
 
 
 def build_row(
@@ -69,9 +97,10 @@ def build_row(
     then: Sequence[dict[str, Any]] = (),
     on_failure: dict[str, Any] | None = None,
     chain: dict[str, Any] | None = None,
+    check: bool = True,
 ) -> Job:
     """Return an unsaved ``Job`` row that runs ``step``, carrying what follows it."""
-    return new_job(step, next_steps=next_steps, then=then, on_failure=on_failure, chain=chain).to_job()
+    return new_job(step, next_steps=next_steps, then=then, on_failure=on_failure, chain=chain, check=check).to_job()
 
 
 def _as_call(item: JobCall | JobDefinition[..., Any]) -> JobCall:
@@ -145,7 +174,7 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
         data = payload.raw(job.payload)
         if not succeeded:
             on_failure = data.get("on_failure")
-            return [build_row(on_failure)] if on_failure else []
+            return [build_row(on_failure, check=False)] if on_failure else []
         next_steps = data.get("next") or []
         if next_steps:
             info = chain_of(data)
@@ -157,9 +186,10 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
                     then=data.get("then") or [],
                     on_failure=data.get("on_failure"),
                     chain=step_info,
+                    check=False,
                 )
             ]
-        return [build_row(step) for step in data.get("then") or []]
+        return [build_row(step, check=False) for step in data.get("then") or []]
     except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
         # The job itself ran; a malformed follow-up must not undo that.
         logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)

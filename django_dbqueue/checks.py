@@ -26,6 +26,10 @@ def _optional_int(value: Any, minimum: int) -> bool:
     return value is None or _number(value, minimum=minimum, integer=True)
 
 
+def _whole(value: Any, minimum: int, maximum: int) -> bool:
+    return _number(value, minimum=minimum, integer=True) and value <= maximum
+
+
 def _dotted(value: Any) -> bool:
     return isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split("."))
 
@@ -40,12 +44,18 @@ def _queue_names(value: Any) -> bool:
 
 VALIDATORS: dict[str, tuple[str, Any]] = {
     "DATABASE": ("a database alias (str)", lambda v: isinstance(v, str) and bool(v)),
-    "QUEUE": ("a non-empty str", lambda v: isinstance(v, str) and bool(v)),
-    "TRIES": ("an int >= 1", lambda v: _number(v, minimum=1, integer=True)),
-    "RETRY_AFTER": ("an int >= 1 (seconds)", lambda v: _number(v, minimum=1, integer=True)),
-    "TIMEOUT": ("an int >= 1 (seconds) or None", lambda v: v is None or _number(v, minimum=1, integer=True)),
+    "QUEUE": ("a valid queue name", lambda v: validation.queue_name_error(v) is None),
+    "TRIES": (f"an int from 1 to {validation.MAX_TRIES}", lambda v: _whole(v, 1, validation.MAX_TRIES)),
+    "RETRY_AFTER": (
+        f"an int from 1 to {validation.MAX_SECONDS} (seconds)",
+        lambda v: _whole(v, 1, validation.MAX_SECONDS),
+    ),
+    "TIMEOUT": (
+        f"an int from 1 to {validation.MAX_SECONDS} (seconds) or None",
+        lambda v: v is None or _whole(v, 1, validation.MAX_SECONDS),
+    ),
     "TIMEOUT_GRACE": ("a number > 0 (seconds)", lambda v: _number(v, minimum=0.001)),
-    "BACKOFF": ("seconds >= 0, or a list of them", registry.valid_backoff),
+    "BACKOFF": (f"seconds from 0 to {validation.MAX_SECONDS}, or a list of them", registry.valid_backoff),
     "SLEEP": ("a number >= 0 (seconds)", lambda v: _number(v, minimum=0)),
     "AUTODISCOVER": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
@@ -143,6 +153,38 @@ def check_timeouts(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     return messages
 
 
+@register()
+def check_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """With ``QUEUES`` set, the default queue and every job definition's queue should be in it."""
+    known = conf.get("QUEUES")
+    if not isinstance(known, (list, tuple)) or not known:
+        return []  # None, or check_settings reports it
+    listed = ", ".join(map(repr, known))
+    messages: list[CheckMessage] = []
+    default = conf.get("QUEUE")
+    if default not in known:
+        messages.append(
+            Warning(
+                f"DBQUEUE['QUEUE'] is {default!r}, which is not in DBQUEUE['QUEUES'] ({listed}).",
+                hint="Jobs that name no queue go to QUEUE, and enqueueing them would fail: add it to QUEUES, "
+                "or set QUEUE to one of them.",
+                id="dbqueue.W005",
+            )
+        )
+    for definition in registry.all_definitions().values():
+        if definition.queue is not None and definition.queue not in known:
+            messages.append(
+                Warning(
+                    f"Job {definition.name!r} uses the queue {definition.queue!r}, which is not in "
+                    f"DBQUEUE['QUEUES'] ({listed}).",
+                    hint="Enqueueing it would fail: add the queue to QUEUES, or fix the name in @job(queue=...).",
+                    obj=definition.func,
+                    id="dbqueue.W005",
+                )
+            )
+    return messages
+
+
 @register(Tags.database)
 def check_database(
     app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
@@ -192,6 +234,25 @@ def check_tasks_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any)
             )
         ]
     return []
+
+
+def check_worker_queues(queues: Sequence[str]) -> list[CheckMessage]:
+    """Check the queues ``queue_work`` serves against ``QUEUES``, run by the command itself."""
+    known = conf.get("QUEUES")
+    if known is None:
+        return []
+    unknown = [queue for queue in queues if queue not in known]
+    if not unknown:
+        return []
+    names = ", ".join(map(repr, unknown))
+    return [
+        Warning(
+            f"This worker serves {names}, not in DBQUEUE['QUEUES'] ({', '.join(map(repr, known))}): "
+            "no job can be enqueued there.",
+            hint="Is it a typo? Serve one of the QUEUES, or add the queue to QUEUES.",
+            id="dbqueue.W006",
+        )
+    ]
 
 
 def check_worker(concurrency: int | None, timeout: int | None) -> list[CheckMessage]:

@@ -19,6 +19,20 @@ class ModelReferenceMissing(PayloadError):
     """A model instance passed to a job no longer exists."""
 
 
+class PayloadTooLarge(DbQueueError, ValueError):
+    """A job's encoded payload is over ``DBQUEUE['MAX_PAYLOAD_SIZE']``; nothing was enqueued."""
+
+    def __init__(self, message: str, *, name: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.name = name
+        self.size = size
+        self.limit = limit
+
+
+class UnknownQueue(DbQueueError, ValueError):
+    """A job was enqueued into a queue that ``DBQUEUE['QUEUES']`` does not list; nothing was enqueued."""
+
+
 class MaxAttemptsExceeded(DbQueueError):
     """A reservation expired on a job that had used its tries."""
 

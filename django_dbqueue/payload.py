@@ -17,7 +17,8 @@ from typing import Any
 from django.apps import apps
 from django.db import models
 
-from .exceptions import ModelReferenceMissing, PayloadError
+from . import conf
+from .exceptions import ModelReferenceMissing, PayloadError, PayloadTooLarge
 
 TAG = "__dbq__"
 VERSION = 1
@@ -190,6 +191,30 @@ def dumps(envelope: dict[str, Any]) -> str:
     if _ITERENCODE is not None:
         return "".join(_ITERENCODE(envelope, 0))
     return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+
+
+def size(text: str) -> int:
+    """Return the length of ``text`` in UTF-8 bytes, as the database stores it."""
+    # isascii() is O(1) on CPython: most payloads skip the copy that encode() makes.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_size(name: str, text: str) -> None:
+    """Raise ``PayloadTooLarge`` if ``text``, the payload of job ``name``, is over ``MAX_PAYLOAD_SIZE``."""
+    limit = conf.get("MAX_PAYLOAD_SIZE")
+    # A character is at most 4 bytes in UTF-8: short text needs no count.
+    if limit is None or len(text) * 4 <= limit:
+        return
+    found = size(text)
+    if found > limit:
+        raise PayloadTooLarge(
+            f"Cannot enqueue {name}: its payload is {found:,} bytes, over DBQUEUE['MAX_PAYLOAD_SIZE'] "
+            f"({limit:,} bytes). Keep large data out of the queue: store it elsewhere and pass a "
+            "reference (a model instance, a file path) instead.",
+            name=name,
+            size=found,
+            limit=limit,
+        )
 
 
 def encode(args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec,
 
 from django.core.exceptions import ImproperlyConfigured
 
-from . import conf, payload, signals
+from . import conf, payload, signals, validation
 from .exceptions import JobNotRegistered
 
 if TYPE_CHECKING:
@@ -236,33 +236,57 @@ def _backoff_json(backoff: Backoff | None) -> Any:
 
 def _validate_options(definition: JobDefinition[..., Any]) -> None:
     where = f"job {definition.name!r}"
-    if definition.tries is not None and (not isinstance(definition.tries, int) or definition.tries < 1):
-        raise ImproperlyConfigured(f"{where}: tries must be an integer of at least 1, not {definition.tries!r}")
+    if definition.queue is not None:
+        error = validation.queue_name_error(definition.queue)
+        if error is not None:
+            raise ImproperlyConfigured(f"{where}: {error}")
+    tries = definition.tries
+    if tries is not None and not (_whole(tries) and 1 <= tries <= validation.MAX_TRIES):
+        raise ImproperlyConfigured(
+            f"{where}: tries must be a whole number from 1 to {validation.MAX_TRIES}, not {tries!r}"
+        )
     for option in ("retry_after", "timeout"):
         value = getattr(definition, option)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if value is not None and not (_whole(value) and 1 <= value <= validation.MAX_SECONDS):
             raise ImproperlyConfigured(
-                f"{where}: {option} must be a whole number of seconds, at least 1, not {value!r}"
+                f"{where}: {option} must be a whole number of seconds from 1 to {validation.MAX_SECONDS}, not {value!r}"
             )
     if definition.backoff is not None and not valid_backoff(definition.backoff):
         raise ImproperlyConfigured(
-            f"{where}: backoff must be seconds (a number >= 0) or a list of them, not {definition.backoff!r}"
+            f"{where}: backoff must be seconds (a number from 0 to {validation.MAX_SECONDS}) or a list of them, "
+            f"not {definition.backoff!r}"
         )
-    if not isinstance(definition.priority, int) or not -100 <= definition.priority <= 100:
+    priority = definition.priority
+    if not (_whole(priority) and validation.MIN_PRIORITY <= priority <= validation.MAX_PRIORITY):
         raise ImproperlyConfigured(
-            f"{where}: priority must be an integer from -100 to 100, not {definition.priority!r}"
+            f"{where}: priority must be a whole number from {validation.MIN_PRIORITY} to "
+            f"{validation.MAX_PRIORITY}, not {priority!r}"
         )
-    if not isinstance(definition.delay, (int, float)) or definition.delay < 0:
-        raise ImproperlyConfigured(f"{where}: delay must be seconds >= 0 or a timedelta, not {definition.delay!r}")
+    if not _seconds(definition.delay):
+        raise ImproperlyConfigured(
+            f"{where}: delay must be seconds from 0 to {validation.MAX_SECONDS} or a timedelta, "
+            f"not {definition.delay!r}"
+        )
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _seconds(value: Any) -> bool:
+    """A number of seconds the columns and the database's date arithmetic can hold."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 <= value <= validation.MAX_SECONDS  # False for NaN, too
+    )
 
 
 def valid_backoff(backoff: Any) -> bool:
-    def seconds(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-
+    """Tell whether ``backoff`` is seconds (0 to ``MAX_SECONDS``) or a list of them."""
     if isinstance(backoff, (list, tuple)):
-        return all(seconds(item) for item in backoff)
-    return seconds(backoff)
+        return all(_seconds(item) for item in backoff)
+    return _seconds(backoff)
 
 
 @overload

@@ -5,7 +5,14 @@ from django.core import checks
 from django.test import override_settings
 
 from django_dbqueue import conf, job, registry
-from django_dbqueue.checks import check_database, check_settings, check_timeouts, check_worker
+from django_dbqueue.checks import (
+    check_database,
+    check_queues,
+    check_settings,
+    check_timeouts,
+    check_worker,
+    check_worker_queues,
+)
 
 
 def ids(messages):
@@ -14,7 +21,7 @@ def ids(messages):
 
 def test_the_checks_are_registered():
     registered = checks.registry.registry.get_checks(include_deployment_checks=False)
-    assert {check_settings, check_timeouts, check_database} <= set(registered)
+    assert {check_settings, check_timeouts, check_database, check_queues} <= set(registered)
 
 
 def test_no_messages_for_the_test_settings():
@@ -43,6 +50,13 @@ def test_an_unknown_key_is_reported_with_the_closest_known_key():
         ("SLEEP", -1),
         ("AUTODISCOVER", "yes"),
         ("QUEUE", ""),
+        ("QUEUE", "two words"),
+        ("QUEUE", "q" * 101),
+        ("TRIES", 32768),
+        ("RETRY_AFTER", 2**31),
+        ("TIMEOUT", 2**31),
+        ("BACKOFF", [10, 2**31]),
+        ("QUEUES", ["default", "bad name"]),
         ("DATABASE", 3),
     ],
 )
@@ -108,3 +122,45 @@ def test_the_tasks_backend_on_django_before_6_is_reported():
     with override_settings(TASKS={"default": {"BACKEND": "django_dbqueue.tasks.DatabaseBackend"}}):
         messages = check_tasks_backend()
     assert [m.id for m in messages] == (["dbqueue.E009"] if django.VERSION < (6, 0) else [])
+
+
+@override_settings(DBQUEUE={"QUEUES": ["default", "emails"]})
+def test_a_job_whose_queue_is_not_in_queues_is_reported():
+    job(name="tests.check_reports", queue="reports")(lambda: None)
+    job(name="tests.check_emails", queue="emails")(lambda: None)
+    try:
+        messages = check_queues()
+    finally:
+        registry.unregister("tests.check_reports")
+        registry.unregister("tests.check_emails")
+    [message] = messages
+    assert message.id == "dbqueue.W005" and message.hint
+    assert message.msg == (
+        "Job 'tests.check_reports' uses the queue 'reports', which is not in DBQUEUE['QUEUES'] ('default', 'emails')."
+    )
+
+
+@override_settings(DBQUEUE={"QUEUES": ["emails"]})
+def test_a_default_queue_not_in_queues_is_reported():
+    [message] = check_queues()
+    assert message.id == "dbqueue.W005"
+    assert message.msg == "DBQUEUE['QUEUE'] is 'default', which is not in DBQUEUE['QUEUES'] ('emails')."
+
+
+def test_no_queue_is_reported_without_queues():
+    job(name="tests.check_anywhere", queue="anywhere")(lambda: None)
+    try:
+        assert check_queues() == []
+    finally:
+        registry.unregister("tests.check_anywhere")
+
+
+@override_settings(DBQUEUE={"QUEUES": ["default", "emails"]})
+def test_a_worker_serving_a_queue_not_in_queues_is_warned():
+    [message] = check_worker_queues(["emails", "emials"])
+    assert message.id == "dbqueue.W006" and "serves 'emials', not in DBQUEUE['QUEUES']" in message.msg
+    assert check_worker_queues(["default", "emails"]) == []
+
+
+def test_a_worker_may_serve_any_queue_without_queues():
+    assert check_worker_queues(["anything"]) == []

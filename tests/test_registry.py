@@ -4,12 +4,14 @@ import datetime as dt
 import threading
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import JobDefinition, enqueue_many, job, registry
-from django_dbqueue.exceptions import JobNotRegistered
+from django_dbqueue import JobDefinition, chain, enqueue_many, job, registry
+from django_dbqueue.exceptions import DbQueueError, JobNotRegistered, PayloadTooLarge, UnknownQueue
 from django_dbqueue.models import Job
 from tests.testapp import jobs
 from tests.testapp.models import Order
@@ -44,18 +46,45 @@ def test_a_name_used_by_two_functions_is_refused():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"tries": 0}, "tries must be an integer of at least 1"),
+        ({"tries": 0}, "tries must be a whole number from 1 to 32767, not 0"),
+        ({"tries": 32768}, "tries must be a whole number from 1 to 32767, not 32768"),
+        ({"tries": True}, "tries must be a whole number"),
         ({"timeout": 0}, "timeout must be a whole number of seconds"),
+        ({"timeout": 2**31}, "timeout must be a whole number of seconds from 1 to 2147483647, not 2147483648"),
         ({"retry_after": 1.5}, "retry_after must be a whole number of seconds"),
+        ({"retry_after": 10**12}, "retry_after must be a whole number of seconds from 1 to 2147483647"),
         ({"backoff": [1, -1]}, "backoff must be seconds"),
         ({"backoff": "10"}, "backoff must be seconds"),
-        ({"priority": 101}, "priority must be an integer from -100 to 100"),
+        ({"backoff": float("inf")}, "backoff must be seconds"),
+        ({"backoff": [10, 2**40]}, "backoff must be seconds"),
+        ({"priority": 101}, "priority must be a whole number from -100 to 100, not 101"),
+        ({"delay": 1e12}, "delay must be seconds from 0 to 2147483647"),
+        ({"delay": float("nan")}, "delay must be seconds"),
+        ({"queue": ""}, "a queue name cannot be empty"),
+        ({"queue": "emails "}, "may hold only letters, digits"),
+        ({"queue": "q" * 101}, "is 101 characters long; at most 100"),
+        ({"queue": 5}, "a queue name must be a str, not int"),
     ],
 )
 def test_bad_options_are_refused_when_the_job_is_defined(options, message):
     with pytest.raises(ImproperlyConfigured, match=message):
         job(name="tests.bad_options", **options)(lambda: None)
     assert "tests.bad_options" not in registry.all_definitions()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queue": "two words"}, "may hold only letters, digits"),
+        ({"queue": "x" * 101}, "at most 100"),
+        ({"tries": 40000}, "tries must be a whole number from 1 to 32767"),
+        ({"timeout": 2**31}, "timeout must be a whole number of seconds from 1 to 2147483647"),
+        ({"delay": dt.timedelta(days=40000)}, "delay must be seconds from 0 to 2147483647"),
+    ],
+)
+def test_using_refuses_bad_options_like_the_decorator(options, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        jobs.add.using(**options)
 
 
 def test_using_returns_a_changed_copy():
@@ -145,3 +174,103 @@ def test_a_job_enqueued_in_an_open_transaction_is_invisible_to_workers_until_com
     other.start()
     other.join(timeout=30)
     assert [job.pk for job in seen[1:]] == [row.pk]
+
+
+# -- MAX_PAYLOAD_SIZE and QUEUES, on every enqueue path -------------------------
+
+MIB = 1024 * 1024
+
+
+def dbqueue(**changes):
+    return override_settings(DBQUEUE={**settings.DBQUEUE, **changes})
+
+
+@pytest.mark.django_db
+def test_a_50_mb_argument_is_refused_naming_the_job_and_the_size():
+    big = "x" * (50 * MIB)
+    with pytest.raises(PayloadTooLarge) as info:
+        jobs.record.enqueue(big)
+    size = len(f'{{"v":1,"args":["{big}"],"kwargs":{{}}}}')
+    assert str(info.value) == (
+        f"Cannot enqueue tests.testapp.jobs.record: its payload is {size:,} bytes, over "
+        "DBQUEUE['MAX_PAYLOAD_SIZE'] (1,048,576 bytes). Keep large data out of the queue: store it "
+        "elsewhere and pass a reference (a model instance, a file path) instead."
+    )
+    assert (info.value.name, info.value.size, info.value.limit) == ("tests.testapp.jobs.record", size, MIB)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, DbQueueError)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_the_payload_size_counts_utf8_bytes_not_characters():
+    with dbqueue(MAX_PAYLOAD_SIZE=400_000), pytest.raises(PayloadTooLarge, match=r"is 600,\d{3} bytes"):
+        jobs.record.enqueue("é" * 300_000)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_payload_of_exactly_the_limit_is_accepted_and_one_byte_more_is_refused():
+    row = jobs.record.enqueue("y" * 1000)
+    limit = len(row.payload)
+    Job.objects.all().delete()
+    with dbqueue(MAX_PAYLOAD_SIZE=limit):
+        jobs.record.enqueue("y" * 1000)
+        with pytest.raises(PayloadTooLarge):
+            jobs.record.enqueue("y" * 1001)
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_enqueue_many_with_one_payload_too_large_inserts_nothing_of_the_batch():
+    calls = [jobs.record.bind(f"k{index}") for index in range(5)]
+    with pytest.raises(PayloadTooLarge, match=r"Cannot enqueue tests\.testapp\.jobs\.record"):
+        enqueue_many([*calls, jobs.record.bind("x" * (2 * MIB)), *calls])
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_chain_whose_payload_is_too_large_inserts_nothing():
+    steps = chain(jobs.step.bind("c", 1), jobs.step.bind("z" * (2 * MIB), 2))
+    with pytest.raises(PayloadTooLarge, match=r"Cannot enqueue tests\.testapp\.jobs\.step"):
+        steps.enqueue()
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_without_max_payload_size_a_large_payload_is_stored():
+    with dbqueue(MAX_PAYLOAD_SIZE=None):
+        row = jobs.record.enqueue("x" * (2 * MIB))
+    assert len(Job.objects.get(pk=row.pk).payload) > 2 * MIB
+
+
+@pytest.mark.django_db
+def test_enqueueing_into_a_queue_not_in_queues_is_refused_and_inserts_nothing():
+    with dbqueue(QUEUES=["default", "emails"]):
+        with pytest.raises(UnknownQueue) as info:
+            jobs.add.using(queue="emials").enqueue(1, 2)
+        with pytest.raises(UnknownQueue):
+            enqueue_many([jobs.add.bind(1, 2), jobs.add.using(queue="reports").bind(3, 4)])
+        with pytest.raises(UnknownQueue, match=r"Cannot enqueue tests\.add into the queue 'reports'"):
+            chain(jobs.step.bind("c", 1), jobs.add.using(queue="reports").bind(1, 2)).enqueue()
+        with pytest.raises(UnknownQueue):
+            jobs.add.bind(1, 2).then(jobs.add.using(queue="reports").bind(3, 4)).enqueue()
+        assert Job.objects.count() == 0
+        jobs.add.using(queue="emails").enqueue(1, 2)
+        jobs.add.enqueue(1, 2)
+    assert str(info.value) == (
+        "Cannot enqueue tests.add into the queue 'emials': it is not in DBQUEUE['QUEUES'] ('default', 'emails'), "
+        "so no worker is meant to serve it. Add it to QUEUES, or pick one of those queues."
+    )
+    assert isinstance(info.value, ValueError)
+    assert sorted(Job.objects.values_list("queue", flat=True)) == ["default", "emails"]
+
+
+@pytest.mark.django_db
+def test_the_tasks_backend_enqueues_through_the_same_checks():
+    pytest.importorskip("django.tasks")
+    from django_dbqueue.models import TaskResultRecord
+    from tests.testapp import tasks
+
+    with dbqueue(QUEUES=["default"]), pytest.raises(UnknownQueue, match="into the queue 'high'"):
+        tasks.add_numbers.using(queue_name="high").enqueue(1, 2)
+    assert Job.objects.count() == 0 and TaskResultRecord.objects.count() == 0

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from django_dbqueue import validation
 from django_dbqueue.operations import parse_ids
 
 # A century: more is a typo, and the database's date arithmetic overflows long before timedelta's.
@@ -27,8 +28,10 @@ def hours(text: str) -> float:
     return value
 
 
-def number(kind: Callable[[str], float], minimum: float, label: str) -> Callable[[str], Any]:
-    """A number of ``kind`` (int or float) of at least ``minimum``; ``label`` says what it is."""
+def number(
+    kind: Callable[[str], float], minimum: float, label: str, maximum: float | None = None
+) -> Callable[[str], Any]:
+    """A number of ``kind`` (int or float) from ``minimum`` to ``maximum``; ``label`` says what it is."""
 
     def parse(text: str) -> Any:
         try:
@@ -39,13 +42,28 @@ def number(kind: Callable[[str], float], minimum: float, label: str) -> Callable
             raise argparse.ArgumentTypeError(f"{text!r} is not {label}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum:g}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {maximum:g}")
         return value
 
     return parse
 
 
-def whole_number(minimum: int) -> Callable[[str], int]:
-    return number(int, minimum, "a whole number")
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    return number(int, minimum, "a whole number", maximum)
+
+
+def seconds(minimum: float = 0, *, whole: bool = False) -> Callable[[str], Any]:
+    """Seconds from ``minimum`` to ``validation.MAX_SECONDS`` (about 68 years), the columns' bound."""
+    if whole:
+        return number(int, minimum, "whole seconds", validation.MAX_SECONDS)
+    return number(float, minimum, "seconds", validation.MAX_SECONDS)
+
+
+def tries(text: str) -> int:
+    """Tries, from 1 to ``validation.MAX_TRIES``, the column's bound."""
+    value: int = number(int, 1, "a whole number", validation.MAX_TRIES)(text)
+    return value
 
 
 def queue_list(text: str) -> list[str]:
@@ -55,8 +73,10 @@ def queue_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"{text!r} has an empty queue name; write --queue high,default")
     if len(set(queues)) != len(queues):
         raise argparse.ArgumentTypeError(f"{text!r} names a queue twice")
-    if any(len(queue) > 100 for queue in queues):
-        raise argparse.ArgumentTypeError("queue names are at most 100 characters")
+    for queue in queues:
+        error = validation.queue_name_error(queue)
+        if error is not None:
+            raise argparse.ArgumentTypeError(error)
     return queues
 
 
@@ -66,17 +86,21 @@ def backoff(text: str) -> float | list[float]:
         values = [float(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not seconds, or a comma-separated list of seconds") from None
+    if not all(math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r} is not seconds, or a comma-separated list of seconds")
     if any(value < 0 for value in values):
         raise argparse.ArgumentTypeError(f"{text!r} has a negative delay")
+    if any(value > validation.MAX_SECONDS for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r} has a delay over {validation.MAX_SECONDS} seconds")
     return values[0] if len(values) == 1 else values
 
 
 def queue_name(text: str) -> str:
+    """A valid queue name: letters, digits and ``_ . : -``, at most 100 characters."""
     name = text.strip()
-    if not name:
-        raise argparse.ArgumentTypeError("the queue name is empty")
-    if len(name) > 100:
-        raise argparse.ArgumentTypeError("queue names are at most 100 characters")
+    error = validation.queue_name_error(name)
+    if error is not None:
+        raise argparse.ArgumentTypeError(error)
     return name
 
 

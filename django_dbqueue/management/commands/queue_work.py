@@ -9,9 +9,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_dbqueue import conf, registry
-from django_dbqueue.checks import check_worker
+from django_dbqueue.checks import check_worker, check_worker_queues
 from django_dbqueue.execution import Defaults
-from django_dbqueue.management.options import backoff, number, queue_list
+from django_dbqueue.management.options import backoff, number, queue_list, seconds, tries
 from django_dbqueue.supervisor import Supervisor
 from django_dbqueue.worker import BATCH_WINDOW, DEFAULT_BATCH, StopReason, Worker, WorkerOptions
 
@@ -32,19 +32,19 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--sleep",
-            type=number(float, 0, "seconds"),
+            type=seconds(),
             default=None,
             help=f"Seconds to wait when no job is available (default: {settings['SLEEP']}).",
         )
         parser.add_argument(
             "--tries",
-            type=number(int, 1, "a whole number"),
+            type=tries,
             default=None,
             help=f"Tries for jobs that set none (default: {settings['TRIES']}).",
         )
         parser.add_argument(
             "--timeout",
-            type=number(int, 0, "whole seconds"),
+            type=seconds(whole=True),
             default=None,
             help=f"Seconds a job may run, for jobs that set none; 0 for no limit (default: {settings['TIMEOUT']}).",
         )
@@ -63,7 +63,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-time",
-            type=number(float, 0.001, "seconds"),
+            type=seconds(0.001),
             default=None,
             help="Stop after this many seconds (default: no limit).",
         )
@@ -75,9 +75,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--stop-when-empty", action="store_true", help="Stop when no job is available.")
         parser.add_argument("--once", action="store_true", help="Process at most one job, then stop.")
-        parser.add_argument(
-            "--rest", type=number(float, 0, "seconds"), default=0.0, help="Seconds to rest after each job (default: 0)."
-        )
+        parser.add_argument("--rest", type=seconds(), default=0.0, help="Seconds to rest after each job (default: 0).")
         parser.add_argument(
             "--batch",
             type=number(int, 1, "a whole number"),
@@ -99,14 +97,15 @@ class Command(BaseCommand):
         settings = conf.get_settings()
         self._configure_logging(options["verbosity"])
         timeout = options["timeout"] if options["timeout"] is not None else settings["TIMEOUT"]
-        for message in check_worker(options["concurrency"], timeout or None):
+        queues = options["queue"] or [settings["QUEUE"]]
+        for message in [*check_worker_queues(queues), *check_worker(options["concurrency"], timeout or None)]:
             self.stderr.write(self.style.WARNING(str(message)))
         if not registry.all_definitions():
             self.stderr.write(
                 self.style.WARNING("No jobs are registered: put @job functions in an installed app's jobs.py.")
             )
         worker_options = WorkerOptions(
-            queues=options["queue"] or [settings["QUEUE"]],
+            queues=queues,
             defaults=Defaults(
                 tries=options["tries"] or settings["TRIES"],
                 timeout=timeout or None,
