@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 
+from . import conf
 from .db import DbNow, alias
 from .exceptions import FailedJobsNotFound
-from .models import FailedJob, FailedJobQuerySet, Job, QueueControl
+from .models import FailedJob, FailedJobQuerySet, Job, QueueControl, QueueWorker
 
 RESTART_KEY = "restart"
+# Failed jobs retried per transaction: memory and lock time stay bounded, and an
+# interrupted retry leaves each job either retried or still failed.
+RETRY_CHUNK = 1000
+# Query parameters per statement when selecting by explicit ids: far under every
+# database's limit (SQLite 32766 or 250000, PostgreSQL 65535).
+IDS_PER_QUERY = 1000
+# Seconds since its last heartbeat after which a worker row counts as dead: workers
+# refresh their row at least every 10 s.
+WORKER_MAX_AGE = 60
 
 
 def job_state(job: Job, now: datetime | None) -> str:
@@ -43,12 +53,19 @@ class QueueStats:
         return self.waiting + self.delayed + self.reserved
 
 
+def read_alias() -> str:
+    """The alias the read-only counts use: ``READ_DATABASE`` (a replica), else ``DATABASE``."""
+    return str(conf.get("READ_DATABASE") or alias())
+
+
 def queue_overview() -> list[QueueStats]:
-    """Counts per queue, from two grouped queries."""
+    """Counts per queue, from two grouped queries on ``read_alias()``."""
+    using = read_alias()
     now = DbNow()
     waiting = Q(reserved_at__isnull=True, available_at__lte=now)
     rows = (
-        Job.objects.order_by()
+        Job.objects.using(using)
+        .order_by()
         .values("queue")
         .annotate(
             waiting=Count("id", filter=waiting),
@@ -58,7 +75,9 @@ def queue_overview() -> list[QueueStats]:
             clock=Min(now),
         )
     )
-    failed = dict(FailedJob.objects.order_by().values("queue").annotate(n=Count("id")).values_list("queue", "n"))
+    failed = dict(
+        FailedJob.objects.using(using).order_by().values("queue").annotate(n=Count("id")).values_list("queue", "n")
+    )
     stats = {}
     for row in rows:
         oldest = row["oldest"]
@@ -82,6 +101,28 @@ def queues_over(stats: Iterable[QueueStats], limit: int) -> list[QueueStats]:
     return [item for item in stats if item.size > limit]
 
 
+def live_workers(max_age: float = WORKER_MAX_AGE) -> QuerySet[QueueWorker]:
+    """The workers seen within ``max_age`` seconds of the database's clock."""
+    return QueueWorker.objects.filter(last_seen_at__gte=DbNow() - timedelta(seconds=max_age))
+
+
+def served_queues(max_age: float = WORKER_MAX_AGE) -> set[str]:
+    """The queues that at least one live worker serves."""
+    served: set[str] = set()
+    for queues in live_workers(max_age).values_list("queues", flat=True):
+        served.update(queue for queue in queues.split(",") if queue)
+    return served
+
+
+def unserved(stats: Iterable[QueueStats], max_age: float = WORKER_MAX_AGE) -> list[QueueStats]:
+    """The queues among ``stats`` that have waiting jobs and no live worker serving them."""
+    waiting = [item for item in stats if item.waiting]
+    if not waiting:
+        return []
+    served = served_queues(max_age)
+    return [item for item in waiting if item.queue not in served]
+
+
 def run_now(jobs: QuerySet[Job]) -> int:
     """Make unreserved jobs available at once; return how many."""
     return jobs.filter(reserved_at__isnull=True).update(available_at=DbNow())
@@ -93,9 +134,46 @@ def release_expired(jobs: QuerySet[Job] | None = None) -> int:
     return Job.objects.reclaim_expired(ids=ids)
 
 
-def retry_failed(failed: QuerySet[FailedJob]) -> int:
-    """Put failed jobs back as fresh jobs and remove their failed rows; return how many."""
-    return len(FailedJob.objects.retry(failed.values_list("pk", flat=True)))
+def retry_failed(
+    failed: QuerySet[FailedJob],
+    *,
+    chunk_size: int = RETRY_CHUNK,
+    progress: Callable[[int], object] | None = None,
+) -> int:
+    """Put failed jobs back as fresh jobs and remove their failed rows, a chunk per transaction; return how many.
+
+    The selection is walked in id order, ``chunk_size`` ids at a time, so memory
+    stays bounded whatever its size. ``progress`` is called after each chunk with
+    the number retried so far; if it (or anything) raises, the chunks done stay
+    retried and the rest stay failed.
+    """
+    retried = 0
+    for chunk in _id_chunks(failed, chunk_size):
+        retried += len(FailedJob.objects.get_queryset().filter(pk__in=chunk).retry())
+        if progress is not None:
+            progress(retried)
+    return retried
+
+
+def _id_chunks(selection: QuerySet[FailedJob], chunk_size: int) -> Iterator[list[int]]:
+    """The ids of ``selection`` in ascending order, ``chunk_size`` at a time (keyset pagination).
+
+    Each chunk is read after the one before was used, so rows the caller deleted
+    are not read again and no list of every id is built.
+    """
+    limit = connections[selection.db].features.max_query_params
+    size = max(1, min(chunk_size, limit) if limit else chunk_size)
+    ordered = selection.order_by("pk")
+    last: int | None = None
+    while True:
+        page = ordered if last is None else ordered.filter(pk__gt=last)
+        chunk = list(page.values_list("pk", flat=True)[:size])
+        if not chunk:
+            return
+        yield chunk
+        if len(chunk) < size:
+            return
+        last = chunk[-1]
 
 
 def failed_older_than(hours: float) -> QuerySet[FailedJob]:
@@ -112,13 +190,13 @@ def failed_jobs(*, queue: str | None = None, name: str | None = None) -> FailedJ
     return failed.order_by("-failed_at", "-id")
 
 
-def retry_failed_ids(ids: Sequence[int]) -> list[Job]:
-    """Retry the failed jobs with these ids, all or none, in one transaction.
+def retry_failed_ids(ids: Sequence[int]) -> int:
+    """Retry the failed jobs with these ids, all or none, in one transaction; return how many.
 
     Raise ``FailedJobsNotFound`` naming the ids that do not exist; then nothing is retried.
     """
     with transaction.atomic(using=alias()):
-        return _all_failed(ids).retry()
+        return sum(retry_failed(failed) for failed in _all_failed(ids))
 
 
 def delete_failed_ids(ids: Sequence[int]) -> int:
@@ -127,26 +205,56 @@ def delete_failed_ids(ids: Sequence[int]) -> int:
     Raise ``FailedJobsNotFound`` naming the ids that do not exist; then nothing is deleted.
     """
     with transaction.atomic(using=alias()):
-        deleted, _ = _all_failed(ids).delete()
-    return deleted
+        return sum(failed.delete()[0] for failed in _all_failed(ids))
 
 
-def prune_failed(hours: float | None = None) -> int:
-    """Delete the failed jobs older than ``hours`` (all of them if None); return how many."""
+@dataclasses.dataclass(frozen=True)
+class Prunable:
+    """The failed jobs older than ``hours`` (all if None), counted before ``prune_failed`` deletes them."""
+
+    hours: float | None
+    count: int
+    # Highest id counted, so jobs that fail after the count are not deleted.
+    last_id: int | None
+
+
+def prunable(hours: float | None = None) -> Prunable:
+    """Count the failed jobs older than ``hours`` (all of them if None)."""
     failed = failed_older_than(hours) if hours is not None else FailedJob.objects.all()
+    found = failed.order_by().aggregate(count=Count("id"), last_id=Max("id"))
+    return Prunable(hours, found["count"], found["last_id"])
+
+
+def prune_failed(hours: float | None = None, *, counted: Prunable | None = None) -> int:
+    """Delete the failed jobs older than ``hours`` (all of them if None); return how many.
+
+    With ``counted``, only those counted are deleted: not the jobs that failed since.
+    """
+    if counted is not None:
+        if counted.last_id is None:
+            return 0
+        hours = counted.hours
+    failed = failed_older_than(hours) if hours is not None else FailedJob.objects.all()
+    if counted is not None:
+        failed = failed.filter(id__lte=counted.last_id)
     deleted, _ = failed.delete()
     return deleted
 
 
-def _all_failed(ids: Sequence[int]) -> FailedJobQuerySet:
-    """The failed jobs with these ids, locked until the transaction ends; raise if one is missing."""
-    failed = FailedJob.objects.get_queryset().filter(_pk_in(ids))
-    found = set(failed.select_for_update().values_list("pk", flat=True))
+def _all_failed(ids: Sequence[int]) -> list[FailedJobQuerySet]:
+    """The failed jobs with these ids, a few ids per query, locked until the transaction ends.
+
+    Raise ``FailedJobsNotFound`` if one is missing.
+    """
+    groups = [FailedJob.objects.get_queryset().filter(condition) for condition in _pk_conditions(ids)]
+    found: set[int] = set()
+    for failed in groups:
+        found.update(failed.select_for_update().values_list("pk", flat=True))
     missing = [pk for pk in ids if pk not in found]
     if missing:
         which = f"id {missing[0]}" if len(missing) == 1 else f"ids {format_ids(missing)}"
         raise FailedJobsNotFound(f"no failed job has the {which}", missing)
-    return failed
+    return groups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,14 +333,33 @@ def _id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _pk_in(ids: Iterable[int]) -> Q:
-    """``pk IN (...)`` with each run of consecutive ids as one BETWEEN, so 1-100000 is two parameters."""
-    runs = _id_runs(ids)
-    condition = Q(pk__in=[start for start, end in runs if start == end])
-    for start, end in runs:
-        if start != end:
+def _pk_conditions(ids: Iterable[int], most: int = IDS_PER_QUERY) -> list[Q]:
+    """Conditions that together select ``ids``, each with at most ``most`` parameters.
+
+    Each run of consecutive ids is one BETWEEN, so 1-100000 is two parameters.
+    """
+    conditions: list[Q] = []
+    singles: list[int] = []
+    ranges: list[tuple[int, int]] = []
+
+    def flush() -> None:
+        condition = Q(pk__in=list(singles)) if singles else Q()
+        for start, end in ranges:
             condition |= Q(pk__range=(start, end))
-    return condition
+        conditions.append(condition)
+        singles.clear()
+        ranges.clear()
+
+    for start, end in _id_runs(ids):
+        if len(singles) + 2 * len(ranges) + (1 if start == end else 2) > most:
+            flush()
+        if start == end:
+            singles.append(start)
+        else:
+            ranges.append((start, end))
+    if singles or ranges:
+        flush()
+    return conditions
 
 
 def request_restart() -> datetime:

@@ -4,8 +4,10 @@ import io
 import logging
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import override_settings
 
 from django_dbqueue.models import Job
 from tests.testapp import jobs
@@ -26,6 +28,16 @@ from tests.testapp.models import Run
         (["--concurrency", "0"], "'0' must be at least 1"),
         (["--batch", "0"], "'0' must be at least 1"),
         (["--batch", "many"], "'many' is not a whole number"),
+        (["--queue", "high,two words"], "the queue name 'two words' may hold only letters, digits"),
+        (["--queue", "q" * 101], "is 101 characters long; at most 100"),
+        (["--tries", "32768"], "'32768' must be at most 32767"),
+        (["--timeout", "2147483648"], "'2147483648' must be at most 2147483647"),
+        (["--sleep", "1e300"], "'1e300' must be at most 2147483647"),
+        (["--rest", "inf"], "'inf' is not seconds"),
+        (["--max-time", "1e12"], "'1e12' must be at most"),
+        (["--backoff", "10,inf"], "is not seconds, or a comma-separated list of seconds"),
+        (["--backoff", "nan"], "is not seconds, or a comma-separated list of seconds"),
+        (["--backoff", "10,3e9"], "'10,3e9' has a delay over 2147483647 seconds"),
     ],
 )
 def test_a_bad_option_is_refused_with_a_clear_message(args, message):
@@ -56,6 +68,17 @@ def test_stop_when_empty_runs_every_job_of_the_listed_queues():
     call_command("queue_work", "--queue", "high,low", "--stop-when-empty", "--sleep", "0", stderr=err)
     assert set(Run.objects.values_list("key", flat=True)) == {"h", "l"}
     assert Job.objects.get().queue == "other"
+
+
+@pytest.mark.django_db
+def test_serving_a_queue_not_in_queues_warns_and_still_runs():
+    jobs.record.enqueue("d")
+    err = io.StringIO()
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "QUEUES": ["default", "emails"]}):
+        call_command("queue_work", "--queue", "default,emials", "--stop-when-empty", "--sleep", "0", stderr=err)
+    assert "This worker serves 'emials', not in DBQUEUE['QUEUES'] ('default', 'emails')" in err.getvalue()
+    assert "dbqueue.W006" in err.getvalue()
+    assert list(Run.objects.values_list("key", flat=True)) == ["d"]
 
 
 @pytest.mark.django_db

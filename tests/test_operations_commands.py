@@ -15,14 +15,16 @@ import pytest
 from django.core.management import call_command, load_command_class
 from django.core.management.base import CommandError
 from django.db.models.signals import pre_delete
+from django.db.utils import ConnectionDoesNotExist
 from django.test import override_settings
 from django.utils import timezone
 
 from django_dbqueue import operations
 from django_dbqueue.exceptions import FailedJobsNotFound
 from django_dbqueue.management import output
-from django_dbqueue.models import FailedJob, Job
+from django_dbqueue.models import FailedJob, Job, QueueWorker
 from django_dbqueue.operations import QueueStats
+from django_dbqueue.signals import job_enqueued
 from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
@@ -112,7 +114,10 @@ def test_help_shows_the_defaults(name, default):
     [
         (["queue_failed", "--limit", "0"], "'0' must be at least 1"),
         (["queue_failed", "--limit", "many"], "'many' is not a whole number"),
-        (["queue_failed", "--queue", " "], "the queue name is empty"),
+        (["queue_failed", "--queue", " "], "a queue name cannot be empty"),
+        (["queue_failed", "--queue", "e mails"], "may hold only letters, digits and _ . : -"),
+        (["queue_retry", "--queue", "emails!"], "may hold only letters, digits and _ . : -"),
+        (["queue_monitor", "--queue", "ok", "not/ok"], "the queue name 'not/ok' may hold only letters"),
         (["queue_retry", "5-x"], "'5-x' is not an id or a range like 5-9"),
         (["queue_retry", "9-5"], "'9-5' is a range that ends before it starts"),
         (["queue_retry", "3,,4"], "'' is not an id or a range like 5-9"),
@@ -126,7 +131,7 @@ def test_help_shows_the_defaults(name, default):
         (["queue_prune_failed", "--hours", "nan"], "'nan' must be more than 0 hours"),
         (["queue_prune_failed", "--hours", "1e9"], "is more than 876000 hours"),
         (["queue_monitor", "--max", "-1"], "'-1' must be at least 0"),
-        (["queue_clear", "--queue", "x" * 101], "queue names are at most 100 characters"),
+        (["queue_clear", "--queue", "x" * 101], "is 101 characters long; at most 100"),
     ],
 )
 def test_a_bad_argument_is_refused_with_a_clear_message(args, message):
@@ -291,7 +296,7 @@ def test_forget_of_an_id_that_does_not_exist_names_it_and_deletes_nothing():
 def test_flush_deletes_every_failed_job():
     for index in range(3):
         fail(jobs.record, f"k{index}", hours_ago=index)
-    assert run("queue_flush").strip() == "3 failed job(s) were deleted."
+    assert run("queue_flush", "--force").strip() == "3 failed job(s) were deleted."
     assert not FailedJob.objects.exists()
 
 
@@ -299,8 +304,61 @@ def test_flush_deletes_every_failed_job():
 def test_flush_with_hours_keeps_the_recent_failed_jobs():
     fail(jobs.record, "old", hours_ago=5)
     recent = fail(jobs.record, "recent", hours_ago=1)
-    assert run("queue_flush", "--hours", "2").strip() == "1 failed job(s) older than 2 hours were deleted."
+    assert run("queue_flush", "--hours", "2", "--force").strip() == "1 failed job(s) older than 2 hours were deleted."
     assert list(FailedJob.objects.values_list("pk", flat=True)) == [recent.pk]
+
+
+@db
+def test_flush_asks_first_and_deletes_on_yes():
+    fail(jobs.record, "old", hours_ago=5)
+    recent = fail(jobs.record, "recent", hours_ago=1)
+    out = run("queue_flush", "--hours", "2", stdin=Terminal("yes\n"))
+    assert out.startswith("Delete 1 failed job older than 2 hours? [y/N] ")
+    assert "1 failed job(s) older than 2 hours were deleted." in out
+    assert list(FailedJob.objects.values_list("pk", flat=True)) == [recent.pk]
+
+
+@pytest.mark.parametrize("answer", ["n\n", "\n", "", "maybe\n"])
+@db
+def test_flush_deletes_nothing_unless_the_answer_is_yes(answer):
+    fail(jobs.record, "a")
+    fail(jobs.record, "b")
+    out = run("queue_flush", stdin=Terminal(answer))
+    assert "Delete 2 failed jobs? [y/N]" in out
+    assert out.rstrip().endswith("Nothing was deleted.")
+    assert FailedJob.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "why"),
+    [(["--no-input"], Terminal("y\n"), "--no-input was given"), ([], io.StringIO("y\n"), "stdin is not a terminal")],
+)
+@db
+def test_flush_without_a_terminal_or_with_no_input_needs_force(args, stdin, why):
+    fail(jobs.record, "a")
+    message = error_of("queue_flush", *args, stdin=stdin)
+    assert message == (f"Deleting 1 failed job needs a confirmation, and {why}: pass --force to delete without asking.")
+    assert FailedJob.objects.count() == 1
+
+
+@db
+def test_flush_with_no_failed_job_asks_nothing():
+    fail(jobs.record, "recent")
+    assert (
+        run("queue_flush", "--hours", "1", "--no-input").strip()
+        == "No failed jobs older than 1 hours: nothing to delete."
+    )
+    assert FailedJob.objects.count() == 1
+
+
+@db
+def test_flush_deletes_only_the_failed_jobs_it_counted():
+    first = fail(jobs.record, "counted")
+    counted = operations.prunable()
+    later = fail(jobs.record, "failed after the count")
+    assert counted.count == 1 and operations.prune_failed(counted=counted) == 1
+    assert list(FailedJob.objects.values_list("pk", flat=True)) == [later.pk]
+    assert not FailedJob.objects.filter(pk=first.pk).exists()
 
 
 @db
@@ -463,8 +521,8 @@ def test_retry_failed_ids_retries_all_or_nothing():
         operations.retry_failed_ids([first.pk, second.pk + 1, second.pk + 2])
     assert info.value.ids == [second.pk + 1, second.pk + 2]
     assert FailedJob.objects.count() == 2 and not Job.objects.exists()
-    retried = operations.retry_failed_ids([first.pk, second.pk])
-    assert len(retried) == 2 and not FailedJob.objects.exists() and Job.objects.count() == 2
+    assert operations.retry_failed_ids([first.pk, second.pk]) == 2
+    assert not FailedJob.objects.exists() and Job.objects.count() == 2
 
 
 @db
@@ -473,7 +531,185 @@ def test_retry_failed_ids_handles_a_range_of_a_million_ids():
     start = failed.pk
     with pytest.raises(FailedJobsNotFound, match=rf"ids {start + 1}-{start + 999_999}$"):
         operations.retry_failed_ids(operations.parse_ids([f"{start}-{start + 999_999}"]))
-    assert len(operations.retry_failed_ids(operations.parse_ids([f"{start}-{start}"]))) == 1
+    assert operations.retry_failed_ids(operations.parse_ids([f"{start}-{start}"])) == 1
+
+
+@db
+def test_retry_failed_ids_of_more_ids_than_a_statement_takes_does_not_hit_the_variable_limit():
+    # Every other id: no two consecutive, so no range shortens them. 250,001 is
+    # over SQLite's limit (250,000 here) and PostgreSQL's (65,535).
+    failed = [fail(jobs.record, f"k{index}") for index in range(3)]
+    absent = [failed[-1].pk + 2 * step for step in range(1, 250_002)]
+    with pytest.raises(FailedJobsNotFound) as info:
+        operations.retry_failed_ids([row.pk for row in failed] + absent)
+    assert len(info.value.ids) == 250_001 and str(info.value).endswith("and 249991 more")
+    with pytest.raises(FailedJobsNotFound):
+        operations.delete_failed_ids([row.pk for row in failed] + absent)
+    assert FailedJob.objects.count() == 3 and not Job.objects.exists()
+    assert operations.retry_failed_ids([row.pk for row in failed]) == 3
+
+
+def test_pk_conditions_keep_each_statement_under_the_parameter_limit():
+    ids = [2 * step for step in range(2500)] + list(range(10_000, 20_000))
+    conditions = operations._pk_conditions(ids, most=1000)
+    assert len(conditions) == 3
+
+    def parameters(condition):
+        return sum(
+            parameters(child) if hasattr(child, "children") else (len(child[1]) if child[0] == "pk__in" else 2)
+            for child in condition.children
+        )
+
+    assert [parameters(condition) for condition in conditions] == [1000, 1000, 502]
+
+
+@db
+def test_retry_failed_retries_a_chunk_per_transaction_and_reports_progress():
+    failed = [fail(jobs.record, f"k{index}") for index in range(5)]
+    seen: list[int] = []
+    assert operations.retry_failed(FailedJob.objects.all(), chunk_size=2, progress=seen.append) == 5
+    assert seen == [2, 4, 5]
+    assert not FailedJob.objects.exists()
+    assert sorted(Job.objects.values_list("payload", flat=True)) == sorted(row.payload for row in failed)
+
+
+@db
+def test_retry_failed_keeps_to_its_selection():
+    emails = [fail(jobs.record, f"e{index}", queue="emails") for index in range(3)]
+    other = fail(jobs.record, "d")
+    assert operations.retry_failed(operations.failed_jobs(queue="emails"), chunk_size=2) == 3
+    assert list(FailedJob.objects.values_list("pk", flat=True)) == [other.pk]
+    assert sorted(Job.objects.values_list("payload", flat=True)) == sorted(row.payload for row in emails)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_interrupted_retry_leaves_each_job_retried_or_still_failed():
+    failed = [fail(jobs.record, f"k{index}") for index in range(7)]
+
+    def interrupt_after_two_chunks(done: int) -> None:
+        if done >= 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        operations.retry_failed(FailedJob.objects.all(), chunk_size=2, progress=interrupt_after_two_chunks)
+    assert Job.objects.count() == 4 and FailedJob.objects.count() == 3
+    retried = list(Job.objects.values_list("payload", flat=True))
+    still_failed = list(FailedJob.objects.values_list("payload", flat=True))
+    assert sorted(retried + still_failed) == sorted(row.payload for row in failed)
+    assert operations.retry_failed(FailedJob.objects.all(), chunk_size=2) == 3
+    assert Job.objects.count() == 7 and not FailedJob.objects.exists()
+
+
+@db
+def test_retry_on_a_terminal_draws_a_progress_line_and_a_summary(monkeypatch):
+    monkeypatch.setattr(operations, "RETRY_CHUNK", 2)
+    for index in range(5):
+        fail(jobs.record, f"k{index}")
+    terminal = Terminal()
+    call_command("queue_retry", "all", stdout=terminal)
+    out = terminal.getvalue()
+    assert "\rRetrying: 5 / 5 (100%)" in out
+    lines = out.split("\n")
+    assert lines[-3].startswith("Retried 5 of 5 in ") and lines[-2] == "5 job(s) were put back on the queue."
+    assert Job.objects.count() == 5 and not FailedJob.objects.exists()
+
+
+@db
+def test_retry_off_a_terminal_prints_only_the_summary():
+    for index in range(3):
+        fail(jobs.record, f"k{index}")
+    assert run("queue_retry", "all") == "3 job(s) were put back on the queue.\n"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_interrupted_retry_command_says_how_many_were_retried_and_that_the_rest_are_still_failed(monkeypatch):
+    monkeypatch.setattr(operations, "RETRY_CHUNK", 2)
+    for index in range(5):
+        fail(jobs.record, f"k{index}")
+    retried: list[int] = []
+
+    def interrupt_the_second_chunk(sender: Any, job: Job, **kwargs: Any) -> None:
+        retried.append(job.pk)
+        if len(retried) == 3:
+            raise KeyboardInterrupt  # like Ctrl-C, after the second chunk committed
+
+    job_enqueued.connect(interrupt_the_second_chunk, sender=FailedJob)
+    try:
+        message = error_of("queue_retry", "all")
+    finally:
+        job_enqueued.disconnect(interrupt_the_second_chunk, sender=FailedJob)
+    assert message == (
+        "Interrupted: 4 of 5 job(s) were put back on the queue; the other 1 are still failed jobs "
+        "(run the command again to retry them)."
+    )
+    assert Job.objects.count() == 4 and FailedJob.objects.count() == 1
+
+
+# -- live workers and unserved queues ------------------------------------------
+
+
+def worker_row(worker_id: str, queues: str, seen_seconds_ago: float = 0) -> QueueWorker:
+    now = timezone.now()
+    return QueueWorker.objects.create(
+        worker_id=worker_id,
+        hostname="host",
+        pid=1,
+        queues=queues,
+        started_at=now - timedelta(hours=1),
+        last_seen_at=now - timedelta(seconds=seen_seconds_ago),
+    )
+
+
+@db
+def test_live_workers_are_those_seen_within_max_age_and_serve_their_queues():
+    live = worker_row("w1", "high,default")
+    worker_row("w2", "emails", seen_seconds_ago=120)
+    assert list(operations.live_workers()) == [live]
+    assert operations.served_queues() == {"high", "default"}
+    assert operations.served_queues(max_age=300) == {"high", "default", "emails"}
+
+
+@db
+def test_monitor_warns_about_queues_with_waiting_jobs_and_no_live_worker():
+    jobs.record.using(queue="emails").enqueue("a")
+    jobs.record.using(queue="emails").enqueue("b")
+    jobs.record.enqueue("c")
+    jobs.record.using(queue="reports", delay=3600).enqueue("d")
+    worker_row("w1", "default")
+    worker_row("w2", "emails", seen_seconds_ago=120)
+    out, err = io.StringIO(), io.StringIO()
+    call_command("queue_monitor", stdout=out, stderr=err)
+    assert err.getvalue().splitlines() == [
+        "Queue 'emails' has 2 waiting jobs and no live worker serving it (none seen in the last 60 s): "
+        "start one with queue_work --queue emails."
+    ]
+    assert len(out.getvalue().splitlines()) == 4
+
+
+@db
+def test_monitor_warns_about_nothing_when_every_waiting_queue_is_served():
+    jobs.record.using(queue="emails").enqueue("a")
+    worker_row("w1", "default,emails")
+    err = io.StringIO()
+    call_command("queue_monitor", "--max", "5", stdout=io.StringIO(), stderr=err)
+    assert err.getvalue() == ""
+
+
+@db
+def test_monitor_keeps_its_exit_status_when_it_warns():
+    jobs.record.using(queue="emails").enqueue("a")
+    err = io.StringIO()
+    call_command("queue_monitor", "--max", "1", stdout=io.StringIO(), stderr=err)
+    assert "Queue 'emails' has 1 waiting job and no live worker" in err.getvalue()
+
+
+@db
+def test_queue_overview_reads_the_read_database():
+    jobs.record.enqueue("a")
+    with override_settings(DBQUEUE={"READ_DATABASE": "replica"}), pytest.raises(ConnectionDoesNotExist):
+        operations.queue_overview()
+    with override_settings(DBQUEUE={"READ_DATABASE": "default"}):
+        assert [(item.queue, item.waiting) for item in operations.queue_overview()] == [("default", 1)]
 
 
 @db

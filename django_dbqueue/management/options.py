@@ -43,10 +43,15 @@ def number(
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum:g}")
         if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be at most {maximum:g}")
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {_plain(maximum)}")
         return value
 
     return parse
+
+
+def _plain(value: float) -> str:
+    """``2147483647`` rather than ``2.14748e+09``; ``0.5`` as it is."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

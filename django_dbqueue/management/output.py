@@ -1,8 +1,15 @@
-"""Terminal output shared by the queue_* commands: tables that fit 80 columns, short ages."""
+"""Terminal output shared by the queue_* commands: tables that fit 80 columns, short ages,
+confirmations and a progress line."""
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
 from collections.abc import Collection, Sequence
+from typing import Any
+
+from django.core.management.base import CommandError, OutputWrapper
 
 # One column short of 80, so a terminal never wraps a full line.
 WIDTH = 79
@@ -102,3 +109,78 @@ def age(seconds: float | None) -> str:
 def plural(count: int, word: str) -> str:
     """``1 job``, ``3 jobs``."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def add_confirmation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--force`` and ``--no-input``, the options ``confirm`` reads."""
+    parser.add_argument("--force", action="store_true", help="Delete without asking.")
+    parser.add_argument(
+        "--noinput",
+        "--no-input",
+        action="store_false",
+        dest="interactive",
+        help="Never ask: without --force, stop with an error instead.",
+    )
+
+
+def confirm(stdout: OutputWrapper, options: dict[str, Any], *, doing: str, question: str) -> bool:
+    """Ask ``question [y/N]`` on the terminal unless ``--force`` was given; tell whether the answer is yes.
+
+    Raise CommandError when nobody can answer (``--no-input``, or stdin is not
+    a terminal), naming what needs the confirmation (``doing``) and ``--force``.
+    """
+    if options["force"]:
+        return True
+    stdin: Any = options.get("stdin", sys.stdin)
+    if not options["interactive"] or not is_terminal(stdin):
+        why = "--no-input was given" if not options["interactive"] else "stdin is not a terminal"
+        raise CommandError(f"{doing} needs a confirmation, and {why}: pass --force to delete without asking.")
+    stdout.write(f"{question} [y/N] ", ending="")
+    stdout.flush()
+    try:
+        answer = stdin.readline()
+    except KeyboardInterrupt:
+        answer = ""
+    if not answer.endswith("\n"):
+        stdout.write("")
+    return str(answer).strip().lower() in {"y", "yes"}
+
+
+def is_terminal(stream: Any) -> bool:
+    """Tell whether ``stream`` is an interactive terminal."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class ProgressLine:
+    """A line that rewrites itself on a terminal (``Retrying: 2,000 / 9,000 (22%)``); silent elsewhere."""
+
+    # Seconds between two redraws: a fast run does not spend its time writing.
+    EVERY = 0.1
+
+    def __init__(self, stdout: OutputWrapper, total: int, label: str) -> None:
+        self.stdout = stdout
+        self.total = total
+        self.label = label
+        self.done = 0
+        self.shown = is_terminal(stdout)
+        self._drawn_at = 0.0
+
+    def update(self, done: int) -> None:
+        """Record that ``done`` items are done, and redraw if the last redraw is old enough."""
+        self.done = done
+        now = time.monotonic()
+        if self.shown and (now - self._drawn_at >= self.EVERY or done >= self.total):
+            self._drawn_at = now
+            self._draw()
+
+    def finish(self) -> None:
+        """End the line, so what follows starts on a line of its own."""
+        if self.shown:
+            self._draw()
+            self.stdout.write("")
+
+    def _draw(self) -> None:
+        percent = 100 * self.done // self.total if self.total else 100
+        self.stdout.write(f"\r{self.label}: {self.done:,} / {self.total:,} ({percent}%)", ending="")
+        self.stdout.flush()

@@ -13,7 +13,8 @@ from django_dbqueue.management import options, output
 class Command(BaseCommand):
     help = (
         "Show each queue's waiting, delayed, reserved and failed jobs and how long the oldest "
-        "waiting job has waited. With --max, exit non-zero when a queue holds more jobs."
+        "waiting job has waited; warn about queues with waiting jobs that no live worker serves. "
+        "With --max, exit non-zero when a queue holds more jobs."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -52,6 +53,14 @@ class Command(BaseCommand):
         ]
         for line in output.table(headers, rows, shrink=(0,), right=(1, 2, 3, 4)):
             self.stdout.write(line)
+        for item in operations.unserved(stats):
+            self.stderr.write(
+                self.style.WARNING(
+                    f"Queue '{item.queue}' has {output.plural(item.waiting, 'waiting job')} and no live worker "
+                    f"serving it (none seen in the last {operations.WORKER_MAX_AGE} s): start one with "
+                    f"queue_work --queue {item.queue}."
+                )
+            )
         if opts["max"] is None:
             return
         over = operations.queues_over(stats, opts["max"])

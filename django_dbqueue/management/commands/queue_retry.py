@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from django_dbqueue import operations
 from django_dbqueue.exceptions import FailedJobsNotFound
-from django_dbqueue.management import options
+from django_dbqueue.management import options, output
 
 USAGE = "Say which failed jobs to retry: ids (queue_retry 3 5-9 12,14), --queue QUEUE, --name NAME, or all."
 
 
 class Command(BaseCommand):
     help = (
-        "Put failed jobs back on the queue as fresh jobs, in one transaction: by id "
-        "(3 5-9 12,14), by --queue and/or --name, or all of them."
+        "Put failed jobs back on the queue as fresh jobs: by id (3 5-9 12,14, all or none, in one "
+        "transaction), or by --queue and/or --name, or all of them (a transaction per "
+        f"{operations.RETRY_CHUNK:,} jobs, with a progress line on a terminal)."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -50,12 +52,34 @@ class Command(BaseCommand):
             raise CommandError("Pass ids, --queue/--name, or all: one kind of selection at a time.")
         if specs:
             try:
-                count = len(operations.retry_failed_ids(operations.parse_ids(specs)))
+                count = operations.retry_failed_ids(operations.parse_ids(specs))
             except FailedJobsNotFound as exc:
                 raise CommandError(f"Nothing was retried: {exc}.") from None
         else:
-            count = operations.retry_failed(operations.failed_jobs(queue=opts["queue"], name=opts["name"]))
+            count = self._retry_selection(operations.failed_jobs(queue=opts["queue"], name=opts["name"]))
         if not count:
             self.stdout.write(self.style.WARNING("No failed job matched: 0 job(s) were put back on the queue."))
             return
-        self.stdout.write(self.style.SUCCESS(f"{count} job(s) were put back on the queue."))
+        self.stdout.write(self.style.SUCCESS(f"{count:,} job(s) were put back on the queue."))
+
+    def _retry_selection(self, selection: Any) -> int:
+        """Retry ``selection`` chunk by chunk, drawing a progress line on a terminal."""
+        total = selection.count()
+        if not total:
+            return 0
+        line = output.ProgressLine(self.stdout, total, "Retrying")
+        started = time.monotonic()
+        try:
+            count = operations.retry_failed(selection, chunk_size=operations.RETRY_CHUNK, progress=line.update)
+        except KeyboardInterrupt:
+            line.finish()
+            # Counted again: a chunk may have committed after the last progress report.
+            left = selection.count()
+            raise CommandError(
+                f"Interrupted: {total - left:,} of {total:,} job(s) were put back on the queue; the other "
+                f"{left:,} are still failed jobs (run the command again to retry them)."
+            ) from None
+        line.finish()
+        if line.shown:
+            self.stdout.write(f"Retried {count:,} of {total:,} in {time.monotonic() - started:.1f} s.")
+        return count
