@@ -11,6 +11,7 @@ _LAZY = {
     "Chain": "chains",
     "chain": "chains",
     "get_progress": "progress",
+    "progress_token": "progress",
     "set_progress": "progress",
 }
 
@@ -26,6 +27,7 @@ __all__ = [
     "enqueue_many",
     "get_progress",
     "job",
+    "progress_token",
     "set_progress",
 ]
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import actions as admin_actions
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import QuerySet
+from django.db.models.functions import Length, Right
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -15,9 +22,18 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from . import payload
-from .db import DbNow
+from .db import DbNow, alias
 from .models import FailedJob, Job, JobProgress
-from .operations import job_state, queue_overview, release_expired, retry_failed, run_now
+from .operations import QueueStats, job_state, queue_overview, release_expired, retry_failed, run_now
+
+# Characters of a failed job's error read for the change list's one-line
+# summary: the end of the traceback, where the exception line is.
+ERROR_TAIL = 1000
+
+RESERVED_REFUSAL = (
+    "a worker has reserved it and may be running it. Deleting it would drop its outcome and, in a chain, "
+    "the steps still to run; delete it once it is waiting again."
+)
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -46,6 +62,60 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class DeferringChangeList(ChangeList):
+    """A change list that leaves out the model admin's ``changelist_defer`` columns (big texts no column shows)."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = super().get_queryset(request, exclude_parameters)
+        return queryset.defer(*getattr(self.model_admin, "changelist_defer", ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class OverviewRow:
+    """One queue's counts as a user may see them: None where a count is hidden from that user."""
+
+    queue: str
+    waiting: int | None
+    delayed: int | None
+    reserved: int | None
+    failed: int | None
+    oldest_waiting_seconds: float | None
+
+    @classmethod
+    def of(cls, stats: QueueStats, *, jobs: bool, failed: bool) -> OverviewRow:
+        """Return the row of ``stats`` with the job counts only if ``jobs``, the failed count only if ``failed``."""
+        return cls(
+            stats.queue,
+            stats.waiting if jobs else None,
+            stats.delayed if jobs else None,
+            stats.reserved if jobs else None,
+            stats.failed if failed else None,
+            stats.oldest_waiting_seconds if jobs else None,
+        )
+
+
+class _StillReserved(Exception):
+    """A job chosen for deletion was reserved by a worker before the DELETE ran."""
+
+
+def delete_unreserved(ids: Sequence[int]) -> list[Job]:
+    """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted."""
+    with transaction.atomic(using=alias()):
+        # The row locks (PostgreSQL, MariaDB) keep a worker from claiming the rows
+        # before the DELETE, so the rows read are the rows deleted; the DELETE's
+        # own condition is what protects a reserved job everywhere, SQLite included.
+        rows = list(
+            Job.objects.filter(pk__in=ids, reserved_at__isnull=True).select_for_update().only("id", "name").order_by()
+        )
+        if not rows:
+            return []
+        unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)
+        if unreserved.delete_now() != len(rows):
+            kept = set(Job.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
+            rows = [row for row in rows if row.pk not in kept]
+    return rows
+
+
 class ReadOnlyMixin:
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -68,7 +138,8 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "reserved_by",
     ]
     list_filter = [StateFilter, "queue"]
-    search_fields = ["name"]
+    search_fields = ["name", "queue", "=id"]
+    changelist_defer = ["payload"]
     readonly_fields = [
         "id",
         "name",
@@ -85,12 +156,76 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "pretty_payload",
     ]
     exclude = ["payload"]
-    actions = ["run_now", "release_expired"]
+    actions = ["run_now", "release_expired", "delete_selected"]
     change_list_template = "admin/django_dbqueue/job/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         queryset: QuerySet[Job] = super().get_queryset(request).annotate(**{"db_now": DbNow()})
         return queryset
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeferringChangeList
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Refuse the deletion of a reserved job: its worker would run on and its outcome be lost."""
+        if obj is not None and obj.reserved_at is not None:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.action(description="Delete selected jobs (not reserved ones)", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        """Delete the selected jobs that no worker has reserved, after a confirmation page; refuse the others."""
+        if not request.POST.get("post"):
+            reserved = queryset.filter(reserved_at__isnull=False).count()
+            self._refuse_reserved(request, reserved)
+            unreserved = queryset.filter(reserved_at__isnull=True)
+            if not unreserved.exists():
+                return None
+            response: HttpResponse | None = admin_actions.delete_selected(self, request, unreserved)
+            return response
+        ids = list(queryset.values_list("pk", flat=True))
+        deleted = delete_unreserved(ids)
+        if deleted:
+            self.log_deletions(request, deleted)  # type: ignore[arg-type]
+            count = len(deleted)
+            self.message_user(
+                request, ngettext("%d job was deleted.", "%d jobs were deleted.", count) % count, messages.SUCCESS
+            )
+        self._refuse_reserved(request, Job.objects.filter(pk__in=ids, reserved_at__isnull=False).count())
+        return None
+
+    def _refuse_reserved(self, request: HttpRequest, count: int) -> None:
+        if count:
+            message = ngettext(
+                "%d job was not deleted: a worker has reserved it and may be running it. Deleting it would drop "
+                "its outcome and, in a chain, the steps still to run; delete it once it is waiting again.",
+                "%d jobs were not deleted: workers have reserved them and may be running them. Deleting them would "
+                "drop their outcomes and, in a chain, the steps still to run; delete them once they are waiting again.",
+                count,
+            )
+            self.message_user(request, message % count, messages.ERROR)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        delete_unreserved(list(queryset.values_list("pk", flat=True)))
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        if not delete_unreserved([obj.pk]):
+            # Raised inside the delete view's transaction, so its log entry is rolled back.
+            raise _StillReserved
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        job = self.get_object(request, unquote(object_id))
+        if job is not None and job.reserved_at is not None and super().has_delete_permission(request, job):
+            return self._refuse_reserved_job(request, job)
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except _StillReserved:
+            assert job is not None
+            return self._refuse_reserved_job(request, job)
+
+    def _refuse_reserved_job(self, request: HttpRequest, job: Job) -> HttpResponse:
+        self.message_user(request, f"Job {job.pk} was not deleted: {RESERVED_REFUSAL}", messages.ERROR)
+        return HttpResponseRedirect(reverse("admin:django_dbqueue_job_change", args=[job.pk]))
 
     @admin.display(description="state")
     def state(self, job: Job) -> str:
@@ -126,24 +261,42 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         ]
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):
+        """Show per queue the counts the user may see: jobs with view_job, failed jobs with view_failedjob."""
+        show_jobs = self.has_view_permission(request)
+        show_failed = self._may_view_failed(request)
+        if not (show_jobs or show_failed):
             raise PermissionDenied
+        rows = [
+            OverviewRow.of(stats, jobs=show_jobs, failed=show_failed)
+            for stats in queue_overview()
+            # A queue is listed only for a count the user may see, so its name alone tells nothing more.
+            if (show_jobs and stats.size) or (show_failed and stats.failed)
+        ]
         context = {
             **self.admin_site.each_context(request),
             "title": "Queue overview",
             "opts": self.model._meta,
-            "rows": queue_overview(),
-            "jobs_url": reverse("admin:django_dbqueue_job_changelist"),
-            "failed_url": reverse("admin:django_dbqueue_failedjob_changelist"),
+            "rows": rows,
+            "show_jobs": show_jobs,
+            "show_failed": show_failed,
+            "jobs_url": reverse("admin:django_dbqueue_job_changelist") if show_jobs else "",
+            "failed_url": reverse("admin:django_dbqueue_failedjob_changelist") if show_failed else "",
         }
         return TemplateResponse(request, "admin/django_dbqueue/overview.html", context)
+
+    def _may_view_failed(self, request: HttpRequest) -> bool:
+        if self.admin_site.is_registered(FailedJob):
+            return bool(self.admin_site.get_model_admin(FailedJob).has_view_permission(request))
+        return False
 
 
 @admin.register(FailedJob)
 class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["id", "name", "queue", "attempts", "failed_at", "exception_class", "short_error"]
     list_filter = ["queue", "name", "exception_class", "failed_at"]
-    search_fields = ["name", "error"]
+    # Not the error: a LIKE over every traceback is a full scan of the biggest column.
+    search_fields = ["name", "queue", "=id"]
+    changelist_defer = ["payload", "error"]
     date_hierarchy = "failed_at"
     fields = (
         "id",
@@ -161,9 +314,26 @@ class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     actions = ["retry_selected"]
     change_form_template = "admin/django_dbqueue/failedjob/change_form.html"
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeferringChangeList
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[FailedJob]:
+        # The change list defers ``error``; its summary column reads only the end.
+        queryset: QuerySet[FailedJob] = (
+            super().get_queryset(request).annotate(error_tail=Right("error", ERROR_TAIL), error_length=Length("error"))
+        )
+        return queryset
+
     @admin.display(description="error")
     def short_error(self, failed: FailedJob) -> str:
-        summary = failed.error_summary
+        tail = getattr(failed, "error_tail", None)
+        if tail is None:
+            summary = failed.error_summary
+        else:
+            lines = [line.strip() for line in tail.splitlines() if line.strip()]
+            summary = lines[-1] if lines else ""
+            if len(lines) == 1 and failed.error_length > len(tail):  # type: ignore[attr-defined]
+                summary = "…" + summary  # the last line is longer than the tail read
         return summary if len(summary) <= 120 else summary[:119] + "…"
 
     @admin.display(description="payload")

@@ -14,10 +14,12 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from django.core import signing
 from django.db import DatabaseError, connections
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 
+from . import conf
 from .db import DbNow, alias
 from .models import JobProgress
 
@@ -26,6 +28,8 @@ logger = logging.getLogger("django_dbqueue")
 
 _local = threading.local()
 _UPDATE_FIELDS = ("percent", "stage", "finished", "failed", "error", "updated_at")
+# Dedicated to progress tokens, so no other value signed with SECRET_KEY can pass for one.
+TOKEN_SALT = "django_dbqueue.progress"
 
 
 def _writer() -> Any:
@@ -118,6 +122,32 @@ def get_progress(key: str) -> dict[str, Any] | None:
     }
 
 
+def progress_token(key: str | int) -> str:
+    """Return a signed token that lets its bearer read the progress of ``key``, and of no other key.
+
+    ``key`` is a job id or ``chain:<id>``. The progress view accepts the token
+    for ``PROGRESS_TOKEN_MAX_AGE`` seconds; a project hands it only to the user
+    who enqueued the job.
+    """
+    return signing.dumps(str(key), salt=TOKEN_SALT)
+
+
+def key_from_token(token: str) -> str:
+    """Return the key a progress token names; raise ``signing.BadSignature`` if it is forged or expired.
+
+    An expired token raises ``signing.SignatureExpired``, a subclass of ``BadSignature``.
+    """
+    key = signing.loads(token, salt=TOKEN_SALT, max_age=conf.get("PROGRESS_TOKEN_MAX_AGE"))
+    if not isinstance(key, str):
+        raise signing.BadSignature("a progress token names a key")
+    return key
+
+
+def shown_error(error: str) -> str:
+    """Return the error text the progress view may serve: its last line, or nothing unless ``PROGRESS_SHOW_ERROR``."""
+    return _last_line(error) if conf.get("PROGRESS_SHOW_ERROR") else ""
+
+
 def prune(hours: float) -> int:
     """Delete progress rows not updated for ``hours``; return how many."""
     deleted, _ = JobProgress.objects.filter(updated_at__lt=DbNow() - timedelta(hours=hours)).delete()
@@ -178,10 +208,10 @@ class Tracker:
                 logger.warning("progress not read key=%s: %s", self.key, exc)
                 current = None
             at = current["percent"] if current else 0
-            set_progress(self.key, at, "failed", failed=True, error=_first_line(error))
+            set_progress(self.key, at, "failed", failed=True, error=_last_line(error))
 
 
-def _first_line(error: str) -> str:
+def _last_line(error: str) -> str:
     """The line that names the exception: the last non-empty line of a traceback."""
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
     return lines[-1][:500] if lines else ""

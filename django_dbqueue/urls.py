@@ -1,4 +1,9 @@
-"""Mount with ``path("queue/", include("django_dbqueue.urls"))``; wrap in your own auth if keys are private."""
+"""Mount with ``path("queue/", include("django_dbqueue.urls"))``.
+
+``progress/<key>/`` serves a user with the ``django_dbqueue.view_jobprogress``
+permission, or anyone with ``?token=`` a progress token for that key
+(``django_dbqueue.progress_token(key)``).
+"""
 
 from django.urls import path
 

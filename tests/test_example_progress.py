@@ -192,7 +192,8 @@ def test_the_progress_bar_follows_a_long_chain_to_the_end(manage, browser_page, 
     )
     assert worker.alive(), f"queue_work exited:\n{worker.output()}"
     assert status_of(f"{base}/admin/login/") == 200
-    assert status_of(f"{base}/queue/progress/chain:unknown/") == 404
+    # The JSON view serves no one without a login or a token, known key or not.
+    assert status_of(f"{base}/queue/progress/chain:unknown/") == 401
 
     page = browser_page
     page.goto(f"{base}/")
@@ -244,6 +245,11 @@ def test_the_progress_bar_follows_a_long_chain_to_the_end(manage, browser_page, 
     assert any(s["state"] == "running" and "%" in s["stage"] and "step" in s["stage"] for s in intermediate)
     assert screenshot_taken and shot.stat().st_size > 0
 
-    # The JSON view the page polled agrees.
-    with urllib.request.urlopen(f"{base}/queue/progress/{key}/", timeout=5) as response:
+    # The page polled with a token for its chain; the JSON view agrees, and only with the token.
+    poll_url = page.get_attribute("#chain-progress", "data-url")
+    assert poll_url is not None and poll_url.startswith(f"/queue/progress/{key}/?token=")
+    with urllib.request.urlopen(f"{base}{poll_url}", timeout=5) as response:
         assert b'"finished": true' in response.read()
+    assert status_of(f"{base}/queue/progress/{key}/") == 401
+    # Another browser session, which did not start the chain, gets no page (and no token) for it.
+    assert status_of(f"{base}/progress/{key}/") == 404

@@ -4,6 +4,6 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("demo.urls")),
     path("admin/", admin.site.urls),
-    # The JSON progress view: /queue/progress/<key>/
+    # The JSON progress view: /queue/progress/<key>/?token=<progress token>
     path("queue/", include("django_dbqueue.urls")),
 ]
