@@ -68,6 +68,20 @@ def is_connection_error(exc: BaseException, using: str | None = None) -> bool:
     return True
 
 
+def caused_by_lost_connection(exc: BaseException, using: str | None = None) -> bool:
+    """Tell whether ``exc``, or an exception it was raised from or while handling,
+    is a lost connection (see ``is_connection_error``): a job that wraps the
+    database's error in its own still lost its connection."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if is_connection_error(current, using):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def drop_connection(using: str | None = None) -> None:
     """Close the queue's connection so the next query opens a fresh one."""
     connection = connections[using or alias()]

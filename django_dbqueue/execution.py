@@ -51,6 +51,8 @@ class Outcome:
     error: str = ""
     delay: float = 0
     tracker: Tracker | None = None
+    # A release that spends no try: the job's database connection broke under it.
+    given_back: bool = False
 
     @property
     def exception_class(self) -> str:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 from django.db import DatabaseError
 
+from . import workers
 from .db import drop_connection
 from .models import Job
 
@@ -36,6 +37,9 @@ MIN_INTERVAL = 0.25
 ERROR_RETRY = 1.0
 # Seconds ``stop`` waits for a beat in flight (a connect to a server that is away).
 STOP_WAIT = 5.0
+# Seconds taken off a reservation's lease when judging whether it may have
+# expired: the claim's reply, and the clocks of two hosts ticking at their rates.
+LEASE_MARGIN = 1.0
 
 
 def beat_interval(retry_after: float) -> float:
@@ -53,9 +57,13 @@ class Heartbeat:
     overrides the beat interval of every job (tests).
     """
 
-    def __init__(self, worker_id: str, *, interval: float | None = None) -> None:
+    def __init__(self, worker_id: str, *, interval: float | None = None, queues: Sequence[str] | None = None) -> None:
         self.worker_id = worker_id
         self.interval = interval
+        # With queues, the thread also keeps the worker's QueueWorker row fresh (see ``workers``).
+        self.queues = list(queues) if queues is not None else None
+        # When the worker's row is next refreshed (monotonic); None: never.
+        self._seen_due: float | None = None
         self.beats = 0
         self.lost = 0
         self._lock = threading.Lock()
@@ -97,11 +105,29 @@ class Heartbeat:
         with self._lock:
             return [job for job, _ in self._held.values()]
 
+    def lease_safe(self, job: Job) -> bool:
+        """Tell whether this reservation of ``job`` cannot have expired yet.
+
+        True while the last time it was known fresh (claimed, or extended by a
+        beat) is less than its ``retry_after`` ago, less ``LEASE_MARGIN``: until
+        then no other worker can have reclaimed it, so a row found gone was
+        deleted by this worker. False once that is no longer certain (a beat
+        could not reach the database for that long), or if ``job`` is not held.
+        """
+        with self._lock:
+            entry = self._held.get(job.pk)
+        if entry is None or entry[0].attempts != job.attempts:
+            return False
+        return time.monotonic() < entry[1] + job.retry_after - LEASE_MARGIN
+
     # -- the thread ------------------------------------------------------------
 
     def start(self) -> Heartbeat:
         if self._thread is None:
             self._stopping = False
+            if self.queues is not None:
+                # The worker wrote its row as it started.
+                self._seen_due = time.monotonic() + workers.SEEN_INTERVAL
             self._thread = threading.Thread(target=self._run, name=f"dbqueue-heartbeat-{self.worker_id}", daemon=True)
             self._thread.start()
         return self
@@ -126,9 +152,11 @@ class Heartbeat:
         return self.interval if self.interval is not None else beat_interval(job.retry_after)
 
     def _next_beat(self) -> float | None:
-        """Monotonic time of the next beat, None when nothing is held."""
+        """Monotonic time of the next beat, None when nothing is held (and no row is kept fresh)."""
         with self._lock:
             self._due = min((fresh + self._interval(job) for job, fresh in self._held.values()), default=None)
+            if self._seen_due is not None and (self._due is None or self._seen_due < self._due):
+                return self._seen_due
             return self._due
 
     def _run(self) -> None:
@@ -148,6 +176,15 @@ class Heartbeat:
                 drop_connection()
 
     def _beat(self) -> None:
+        if self._seen_due is not None and self._seen_due <= time.monotonic() and self.queues is not None:
+            self._seen_due = time.monotonic() + workers.SEEN_INTERVAL
+            try:
+                workers.seen(self.worker_id, self.queues)
+            except DatabaseError as exc:
+                logger.warning("worker row not refreshed worker_id=%s: %s", self.worker_id, exc)
+                drop_connection()
+        if self._due is None or self._due > time.monotonic():
+            return
         jobs = self.held()
         started = time.monotonic()
         try:

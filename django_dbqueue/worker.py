@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
-from . import chains, conf, progress, signals
-from .db import drop_connection, is_connection_error
+from . import chains, conf, progress, signals, workers
+from .db import caused_by_lost_connection, drop_connection, is_connection_error
 from .exceptions import WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute
 from .heartbeat import Heartbeat
@@ -34,8 +34,14 @@ logger = logging.getLogger("django_dbqueue")
 
 T = TypeVar("T")
 
-# Waits after a database error: doubled each time, up to the last value.
-DB_RETRY_DELAYS = (0.5, 1, 2, 4, 8, 15, 30)
+# Waits after a database error: doubled each time, up to the last value. Short:
+# a failed connect is cheap, and a worker should resume within seconds of the
+# database's return, whatever the length of the outage.
+DB_RETRY_DELAYS = (0.5, 1, 2)
+# A job whose database connection broke under it is given back without spending
+# a try, at most this many times (counting every give-back of the job), so a job
+# that always breaks its own connection still ends.
+MAX_GIVE_BACKS = 5
 # Errors other than a lost connection are retried this many times when recording an outcome.
 MAX_RECORD_ERRORS = 5
 # Seconds between two looks at the restart marker (queue_restart).
@@ -127,7 +133,7 @@ class Worker:
         # Recent average run time of a job (seconds), None before the first.
         self._average_run: float | None = None
         self._listener = Listener() if Listener.supported() else None
-        self.heartbeat = Heartbeat(self.worker_id)
+        self.heartbeat = Heartbeat(self.worker_id, queues=options.queues)
         self._timer = JobTimer(options.defaults.timeout_grace)
 
     # -- the loop ------------------------------------------------------------
@@ -139,8 +145,9 @@ class Worker:
         # after that line always reaches this worker.
         self._restart_seen = self._read_restart_marker()
         self._restart_checked = started
+        self._register()
         logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
-        with self.handle_signals(), self.heartbeat, self._timer:
+        with self.handle_signals(), self.heartbeat.start(), self._timer:
             try:
                 reason = self._loop(started)
             finally:
@@ -148,6 +155,7 @@ class Worker:
                 self._release_prefetched()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
+        self._unregister()
         logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason.value, self.processed)
         return reason
 
@@ -219,8 +227,9 @@ class Worker:
         for setting, what, prune in (
             ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
             ("RESULT_MAX_AGE", "task results", _prune_results),
+            (None, "worker rows", lambda hours: workers.prune(hours * 3600)),
         ):
-            max_age = conf.get(setting)
+            max_age = conf.get(setting) if setting is not None else workers.PRUNE_AFTER / 3600
             if max_age is None:
                 continue
             try:
@@ -230,6 +239,19 @@ class Worker:
                 continue
             if count:
                 logger.info("pruned %s=%s older_than_hours=%s", what.replace(" ", "_"), count, max_age)
+
+    def _register(self) -> None:
+        try:
+            workers.register(self.worker_id, self.options.queues)
+        except DatabaseError as exc:
+            # The heartbeat writes the row once the database answers.
+            logger.warning("worker row not written worker_id=%s: %s", self.worker_id, exc)
+
+    def _unregister(self) -> None:
+        try:
+            workers.unregister(self.worker_id)
+        except DatabaseError as exc:
+            logger.warning("worker row not removed worker_id=%s: %s", self.worker_id, exc)
 
     def _read_restart_marker(self) -> datetime | None:
         try:
@@ -291,9 +313,9 @@ class Worker:
         return jobs
 
     def _give_back(self, job: Job) -> None:
-        """Release a claimed job this worker will not run (its attempt stays counted)."""
+        """Release a claimed job this worker will not run; it spends no try."""
         try:
-            Job.objects.release(job)
+            Job.objects.release(job, give_back=True)
         except DatabaseError as exc:
             logger.warning(
                 "could not release job=%s id=%s: %s; it is reclaimed after retry_after", job.name, job.pk, exc
@@ -315,7 +337,7 @@ class Worker:
         """
         held = Job.objects.reserved().filter(reserved_by=self.worker_id).exclude(pk__in=self._unrecorded)
         for job in held:
-            if Job.objects.release(job):
+            if Job.objects.release(job, give_back=True):
                 logger.warning(
                     "released job=%s id=%s attempt=%s: its claim committed but the reply was lost",
                     job.name,
@@ -335,6 +357,8 @@ class Worker:
         self.heartbeat.hold([job])
         _send(signals.job_started, job=job, worker_id=self.worker_id)
         outcome = self._execute(job)
+        if self._lost_connection(job, outcome):
+            outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True)
         duration = outcome.duration
         self._average_run = duration if self._average_run is None else 0.8 * self._average_run + 0.2 * duration
         follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
@@ -350,6 +374,27 @@ class Worker:
         self.heartbeat.drop(job)
         self._after_store(job, outcome, stored, failed_job)
         return outcome
+
+    def _lost_connection(self, job: Job, outcome: Outcome) -> bool:
+        """Tell whether the job ended because its database connection broke, not by
+        its own fault; then it is given back without spending a try, up to
+        ``MAX_GIVE_BACKS`` times."""
+        if outcome.status == "succeeded" or outcome.exception is None:
+            return False
+        if not caused_by_lost_connection(outcome.exception):
+            return False
+        # The job's connection is the worker's: open a fresh one for what follows.
+        drop_connection()
+        if job.given_back >= MAX_GIVE_BACKS:
+            logger.warning(
+                "lost connection job=%s id=%s attempt=%s: given back %s times already, this one spends a try",
+                job.name,
+                job.pk,
+                job.attempts,
+                job.given_back,
+            )
+            return False
+        return True
 
     def _finish_done(self, *, tried: bool = False) -> None:
         """Delete the jobs that succeeded in one statement, then report each.
@@ -368,7 +413,9 @@ class Worker:
             if tries > 1:
                 # A try that lost its connection may have committed before the reply was lost.
                 deleted |= {
-                    job.pk for job, outcome in done if job.pk not in deleted and _stored_by_earlier_try(job, outcome)[0]
+                    job.pk
+                    for job, outcome in done
+                    if job.pk not in deleted and self._stored_by_earlier_try(job, outcome)[0]
                 }
             return deleted
 
@@ -385,7 +432,7 @@ class Worker:
             self._report(job, outcome, failed_job)
         logger.log(
             logging.INFO if outcome.status == "succeeded" else logging.WARNING,
-            "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s",
+            "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s%s",
             job.name,
             job.pk,
             job.queue,
@@ -394,6 +441,7 @@ class Worker:
             outcome.duration,
             f" retry_in={outcome.delay:g}s" if outcome.status == "released" else "",
             f" error={outcome.exception_class}" if outcome.exception is not None else "",
+            " given_back=connection_lost" if outcome.given_back else "",
         )
         if stored is None:
             self._unrecorded.add(job.pk)
@@ -428,7 +476,7 @@ class Worker:
             if outcome.status == "succeeded":
                 stored = Job.objects.delete_reserved(job, follow_ups=follow_ups)
             elif outcome.status == "released":
-                stored = Job.objects.release(job, delay=outcome.delay)
+                stored = Job.objects.release(job, delay=outcome.delay, give_back=outcome.given_back)
             else:
                 failed_job = Job.objects.fail(
                     job, error=outcome.error, exception_class=outcome.exception_class, follow_ups=follow_ups
@@ -436,10 +484,38 @@ class Worker:
                 stored = failed_job is not None
             if not stored and tries > 1:
                 # The try that lost its connection may have committed before the reply was lost.
-                stored, failed_job = _stored_by_earlier_try(job, outcome)
+                stored, failed_job = self._stored_by_earlier_try(job, outcome)
             return stored
 
         return self._retry_database(store, "record"), failed_job
+
+    def _stored_by_earlier_try(self, job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:
+        """Tell whether a try whose connection dropped had stored ``outcome`` after all.
+
+        A compare-and-set that matches nothing on the next try means that, or that
+        the reservation expired and another worker took the job. A failure is told
+        apart exactly (FailedJob keeps the reservation's attempts). A row that is
+        gone (or, for a release, reserved again) was changed by this worker only if
+        its reservation cannot have expired meanwhile (``Heartbeat.lease_safe``);
+        after a longer outage another worker may have reclaimed, run and deleted
+        it, so the outcome counts as not stored by this worker: it is logged, not
+        reported, and a job's outcome is never reported twice.
+        """
+        if outcome.status == "failed":
+            failed_job = FailedJob.objects.filter(job_id=job.pk, attempts=job.attempts).first()
+            return failed_job is not None, failed_job
+        attempts = Job.objects.filter(pk=job.pk).values_list("attempts", flat=True).first()
+        changed = attempts is None if outcome.status == "succeeded" else attempts is None or attempts > job.attempts
+        if changed and not self.heartbeat.lease_safe(job):
+            logger.warning(
+                "outcome unknown job=%s id=%s attempt=%s: the database was out of reach for longer than its "
+                "retry_after, so another worker may have reclaimed and run it; not reported",
+                job.name,
+                job.pk,
+                job.attempts,
+            )
+            return False, None
+        return changed, None
 
     def _follow_ups(self, job: Job, outcome: Outcome) -> list[Job]:
         try:
@@ -585,25 +661,6 @@ def _prune_results(hours: float) -> int:
     from .tasks import prune_results
 
     return prune_results(hours)
-
-
-def _stored_by_earlier_try(job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:
-    """Tell whether a try whose connection dropped had stored ``outcome`` after all.
-
-    A compare-and-set that matches nothing on the next try means that, or that the
-    reservation expired and another worker took the job. A failure is told apart
-    exactly (FailedJob keeps the reservation's attempts). A row that is gone, or
-    that another worker reserved after its release, counts as stored by us: the
-    heartbeat runs until the outcome is stored, so this worker's reservation did
-    not expire meanwhile.
-    """
-    if outcome.status == "failed":
-        failed_job = FailedJob.objects.filter(job_id=job.pk, attempts=job.attempts).first()
-        return failed_job is not None, failed_job
-    attempts = Job.objects.filter(pk=job.pk).values_list("attempts", flat=True).first()
-    if outcome.status == "succeeded":
-        return attempts is None, None
-    return attempts is None or attempts > job.attempts, None
 
 
 def _send(signal_: Any, **kwargs: Any) -> None:
