@@ -10,6 +10,7 @@ databases insert ``Job`` instances with ``Job.objects.bulk_enqueue``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -260,15 +261,46 @@ def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
     """psycopg 3's pipeline mode where libpq has it (14 or later); elsewhere nothing.
 
     Statements are sent without waiting for the results of the ones before.
+    When the connection breaks meanwhile, the caller gets the connection's
+    error: psycopg's own complaint about ending a pipeline that still waits
+    for results ("cannot exit pipeline mode while busy") is not the cause, and
+    is neither raised nor logged in its place.
     """
     raw = connection.connection
     if not hasattr(raw, "pipeline"):  # psycopg2
         yield
         return
-    from psycopg import Pipeline
+    import psycopg
 
-    if not Pipeline.is_supported():
+    if not psycopg.Pipeline.is_supported():
         yield
         return
-    with connection.wrap_database_errors, raw.pipeline():
+    with connection.wrap_database_errors:
+        pipeline = raw.pipeline()
+        pipeline.__enter__()
+        try:
+            yield
+        except BaseException as exc:
+            with _quiet(logging.getLogger("psycopg")):
+                pipeline.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        try:
+            pipeline.__exit__(None, None, None)
+        except psycopg.Error as exc:
+            if raw.broken or raw.closed:
+                raise psycopg.OperationalError(f"the connection to the database was lost: {exc}") from exc
+            raise
+
+
+@contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """Drop ``logger``'s warnings while an error that says more is on its way to the caller."""
+
+    def drop(record: logging.LogRecord) -> bool:
+        return record.levelno > logging.WARNING
+
+    logger.addFilter(drop)
+    try:
         yield
+    finally:
+        logger.removeFilter(drop)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
+from django.db import utils as django_db_utils
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import JobDefinition, enqueue_many, payload, signals
@@ -80,15 +83,17 @@ def test_queue_priority_and_options_of_each_call_are_stored():
 def test_text_that_means_something_to_sql_or_to_array_syntax_is_stored_as_it_is():
     awkward = ['"', "\\", "\\\\\"'", "{a,b}", "NULL", "", " x ", "it's", "a\nb\tc", "é 中文 🎉", "\\u0000"]
     awkward += ["%s", "%(x)s", "$1", "');--"]
-    queue = "q \"x\", {y} \\ 'z' NULL"
+    # Queue names are checked at enqueue; job names (text columns like the queue) are not.
+    name = "q \"x\", {y} \\ 'z' NULL"
     rows = enqueue_many(
-        [jobs.echo.bind(text, key=text) for text in awkward] + [jobs.echo.using(queue=queue).bind(*awkward)]
+        [jobs.echo.bind(text, key=text) for text in awkward]
+        + [dataclasses.replace(jobs.echo, name=name).using(queue="q.x:y-z_1").bind(*awkward)]
     )
     assert returned(rows) == stored(rows)
     for text, job in zip(awkward, rows, strict=False):
         assert payload.arguments(payload.decode(job.payload)) == ((text,), {"key": text})
-    assert rows[-1].queue == queue and payload.decode(rows[-1].payload)["args"] == awkward
-    assert Job.objects.filter(queue=queue).count() == 1
+    assert rows[-1].name == name and payload.decode(rows[-1].payload)["args"] == awkward
+    assert Job.objects.filter(name=name, queue="q.x:y-z_1").count() == 1
 
 
 @pytest.mark.django_db
@@ -209,7 +214,7 @@ def test_on_postgresql_a_thousand_rows_or_more_are_followed_by_analyze():
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_a_value_too_long_for_its_column_is_refused_and_earlier_batches_are_undone():
-    calls = [jobs.add.bind(i, i) for i in range(20)] + [jobs.add.using(queue="q" * 101).bind(0, 0)]
+    calls = [jobs.add.bind(i, i) for i in range(20)] + [dataclasses.replace(jobs.add, name="n" * 201).bind(0, 0)]
     with pytest.raises(DatabaseError, match="too long"):
         enqueue_many(calls, batch_size=10)
     assert Job.objects.count() == 0
@@ -237,3 +242,51 @@ def test_on_postgresql_listeners_are_notified_once_the_transaction_commits():
         assert list(listener.notifies(timeout=0.3)) == []
     finally:
         listener.close()
+
+
+def _session_id() -> int:
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
+def _kill_session(pid: int, after: float) -> threading.Thread:
+    """End session ``pid`` from another connection after ``after`` seconds, as a restarted server would."""
+
+    def kill() -> None:
+        time.sleep(after)
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                if other.vendor == "postgresql":
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+                else:
+                    cursor.execute(f"KILL {int(pid)}")
+        finally:
+            other.close()
+
+    thread = threading.Thread(target=kill)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif("connection.vendor == 'sqlite'", reason="SQLite has no server session to lose")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("after", [0, 0.05, 0.2])
+def test_a_killed_connection_during_a_bulk_enqueue_raises_the_connection_error_and_inserts_nothing(caplog, after):
+    killer = _kill_session(_session_id(), after)
+    if after == 0:
+        killer.join()
+    try:
+        with pytest.raises(DatabaseError) as raised:
+            enqueue_many(jobs.add.bind(i, i) for i in range(30_000))
+    finally:
+        killer.join()
+    # The cause, not psycopg's "cannot exit pipeline mode while busy", and no
+    # "error ignored terminating" pipeline warning beside it.
+    assert isinstance(raised.value, (django_db_utils.OperationalError, django_db_utils.InterfaceError)), raised.value
+    assert "pipeline" not in str(raised.value).lower(), raised.value
+    assert "error ignored" not in caplog.text
+    connection.close()
+    assert not Job.objects.exists()
