@@ -98,7 +98,7 @@ class _StillReserved(Exception):
     """A job chosen for deletion was reserved by a worker before the DELETE ran."""
 
 
-def delete_unreserved(ids: Sequence[int]) -> list[Job]:
+def _delete_unreserved(ids: Sequence[int]) -> list[Job]:
     """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted."""
     with transaction.atomic(using=alias()):
         # The row locks (PostgreSQL, MariaDB) keep a worker from claiming the rows
@@ -184,7 +184,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
             response: HttpResponse | None = admin_actions.delete_selected(self, request, unreserved)
             return response
         ids = list(queryset.values_list("pk", flat=True))
-        deleted = delete_unreserved(ids)
+        deleted = _delete_unreserved(ids)
         if deleted:
             self.log_deletions(request, deleted)  # type: ignore[arg-type]
             count = len(deleted)
@@ -206,10 +206,10 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
             self.message_user(request, message % count, messages.ERROR)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        delete_unreserved(list(queryset.values_list("pk", flat=True)))
+        _delete_unreserved(list(queryset.values_list("pk", flat=True)))
 
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
-        if not delete_unreserved([obj.pk]):
+        if not _delete_unreserved([obj.pk]):
             # Raised inside the delete view's transaction, so its log entry is rolled back.
             raise _StillReserved
 
