@@ -171,3 +171,47 @@ def leak(key: str, megabytes: int) -> None:
     """Keeps ``megabytes`` of memory for the life of its process, as a leaking job would."""
     _leaked.append(b"\x01" * (megabytes * 1024 * 1024))
     Run.objects.create(key=key, pid=os.getpid())
+
+
+def _session_id() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
+@job(takes_context=True, tries=2, retry_after=30, timeout=20)
+def wait_for_session_kill(context: JobContext, key: str, kills: int) -> None:
+    """On its first ``kills`` runs, publish its session id and query until the test kills that session."""
+    runs = Attempt.objects.filter(key=key).count()
+    Attempt.objects.create(key=key, attempt=_session_id() if runs < kills else 0)
+    if runs < kills:
+        for _ in range(400):
+            time.sleep(0.05)
+            Run.objects.filter(key="nothing").exists()
+        raise AssertionError("the test did not kill this session")
+    Run.objects.create(key=key, pid=os.getpid())
+
+
+@job(tries=2, retry_after=30)
+def kill_own_session(key: str) -> None:
+    """Ends its own database session, every time."""
+    from django.db import connection
+
+    Attempt.objects.create(key=key, attempt=0)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        else:
+            cursor.execute(f"KILL {_session_id()}")
+
+
+@job(tries=2, retry_after=30)
+def refused_query(key: str) -> None:
+    """A query the database refuses (a missing table): the job's fault, not the connection's."""
+    from django.db import connection
+
+    Attempt.objects.create(key=key, attempt=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM dbqueue_no_such_table")
