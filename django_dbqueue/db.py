@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -100,3 +102,62 @@ def read_back(instance: Any, *fields: str) -> None:
     """
     if any(hasattr(getattr(instance, name), "resolve_expression") for name in fields):
         instance.refresh_from_db(fields=list(fields))
+
+
+def apply_network_timeout(connection: Any, seconds: float | None = None) -> bool:
+    """Bound how long a silent network can stall a query on ``connection``; return
+    whether its socket was set.
+
+    A read from a server that a broken network hides never returns by itself:
+    no reset ever comes. TCP keepalive probes start after a third of
+    ``seconds`` of silence and, with the user timeout (which also covers data
+    sent but never acknowledged), end the connection after about ``seconds``;
+    the driver then raises a connection error and the worker reconnects.
+    Applies to TCP connections (PostgreSQL, MariaDB/MySQL), not to Unix
+    sockets or SQLite. ``seconds`` defaults to ``DBQUEUE["NETWORK_TIMEOUT"]``.
+    """
+    seconds = conf.get("NETWORK_TIMEOUT") if seconds is None else seconds
+    raw = getattr(connection, "connection", None)
+    if seconds is None or raw is None or connection.vendor == "sqlite":
+        return False
+    try:
+        fd = raw.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        idle = max(1, int(seconds / 3))
+        count = 3
+        interval = max(1, int((seconds - idle) / count))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+        return True
+    except OSError:
+        return False
+    finally:
+        # Closes the duplicate only; the options belong to the shared socket.
+        sock.close()
+
+
+def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+    apply_network_timeout(connection)
+
+
+def watch_network() -> None:
+    """Apply ``apply_network_timeout`` to every database connection this process opens from now on.
+
+    Called by workers: a worker cut off from its database must notice, give up
+    its late outcome to the compare-and-set, and reconnect, without a restart.
+    """
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_on_connection_created, dispatch_uid="django_dbqueue.network_timeout")
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None:
+            apply_network_timeout(connection)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError
 
 from . import chains, conf, progress, signals, workers
-from .db import caused_by_lost_connection, drop_connection, is_connection_error
+from .db import caused_by_lost_connection, drop_connection, is_connection_error, watch_network
 from .exceptions import WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute
 from .heartbeat import Heartbeat
@@ -145,6 +145,7 @@ class Worker:
         # after that line always reaches this worker.
         self._restart_seen = self._read_restart_marker()
         self._restart_checked = started
+        watch_network()
         self._register()
         logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
         with self.handle_signals(), self.heartbeat.start(), self._timer:

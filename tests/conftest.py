@@ -38,7 +38,7 @@ def run_worker(queues: list[str] | None = None, **overrides: Any) -> tuple[Worke
 class WorkerProcess:
     """A real ``queue_work`` process on the test database."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> None:
         environment = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -52,7 +52,7 @@ class WorkerProcess:
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "django", "queue_work", *args],
+            [*(prefix or []), sys.executable, "-m", "django", "queue_work", *args],
             cwd=ROOT,
             env=environment,
             stdout=self._log,
@@ -98,8 +98,8 @@ class WorkerProcess:
 def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        process = WorkerProcess(*args, env=env)
+    def start(*args: str, env: dict[str, str] | None = None, prefix: list[str] | None = None) -> WorkerProcess:
+        process = WorkerProcess(*args, env=env, prefix=prefix)
         started.append(process)
         return process
 

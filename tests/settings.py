@@ -17,6 +17,9 @@ if DB == "postgres":
             "USER": os.environ.get("PGUSER", "postgres"),
             "HOST": os.environ.get("PGHOST", "127.0.0.1"),
             "PORT": os.environ.get("PGPORT", "5432"),
+            # A worker cut off from the server gives up a connect after this long
+            # (the kernel's default is about two minutes).
+            "OPTIONS": {"connect_timeout": int(os.environ.get("DBQUEUE_TEST_CONNECT_TIMEOUT", "10"))},
             "TEST": {"NAME": os.environ.get("DBQUEUE_TEST_NAME", "test_dbqueue")},
         }
     }
@@ -29,7 +32,10 @@ elif DB == "mysql":
             "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
             "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
             "PORT": os.environ.get("MYSQL_PORT", "3306"),
-            "OPTIONS": {"charset": "utf8mb4"},
+            "OPTIONS": {
+                "charset": "utf8mb4",
+                "connect_timeout": int(os.environ.get("DBQUEUE_TEST_CONNECT_TIMEOUT", "10")),
+            },
             "TEST": {"NAME": os.environ.get("DBQUEUE_TEST_NAME", "test_dbqueue"), "CHARSET": "utf8mb4"},
         }
     }
@@ -93,6 +99,7 @@ DBQUEUE = {
     "RETRY_AFTER": 60,
     "TIMEOUT": 30,
     "TIMEOUT_GRACE": float(os.environ.get("DBQUEUE_TEST_TIMEOUT_GRACE", "5")),
+    "NETWORK_TIMEOUT": float(os.environ.get("DBQUEUE_TEST_NETWORK_TIMEOUT", "30")),
 }
 
 if django.VERSION >= (6, 0):

@@ -194,7 +194,7 @@ def wait_for_session_kill(context: JobContext, key: str, kills: int) -> None:
     Run.objects.create(key=key, pid=os.getpid())
 
 
-@job(tries=2, retry_after=30)
+@job(tries=2, retry_after=30, timeout=20)
 def kill_own_session(key: str) -> None:
     """Ends its own database session, every time."""
     from django.db import connection
@@ -207,7 +207,7 @@ def kill_own_session(key: str) -> None:
             cursor.execute(f"KILL {_session_id()}")
 
 
-@job(tries=2, retry_after=30)
+@job(tries=2, retry_after=30, timeout=20)
 def refused_query(key: str) -> None:
     """A query the database refuses (a missing table): the job's fault, not the connection's."""
     from django.db import connection
@@ -215,3 +215,10 @@ def refused_query(key: str) -> None:
     Attempt.objects.create(key=key, attempt=0)
     with connection.cursor() as cursor:
         cursor.execute("SELECT * FROM dbqueue_no_such_table")
+
+
+@job(takes_context=True, tries=3, retry_after=6, timeout=4)
+def partition_step(context: JobContext, key: str, seconds: float) -> None:
+    """Records that it started, then computes for ``seconds`` without touching the database."""
+    Attempt.objects.create(key=f"{key}-start", attempt=context.attempt)
+    time.sleep(seconds)
