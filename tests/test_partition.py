@@ -98,7 +98,7 @@ def test_a_host_cut_off_longer_than_the_lease_loses_its_job_to_the_other_host_an
     assert f"reclaimed job={jobs.partition_step.name} id={step_one.pk}" in other.output()
     assert "outcome unknown" in output or "reservation lost" in output
     assert not Job.objects.exists()
-    print(f"noticed after {noticed:.1f} s, run elsewhere after {reclaimed:.1f} s, resumed {resumed:.1f} s after the heal")
+    print(f"noticed after {noticed:.1f} s, run elsewhere after {reclaimed:.1f} s, resumed {resumed:.1f} s after heal")
 
 
 def test_a_cut_shorter_than_the_lease_changes_nothing(worker_process):
