@@ -17,6 +17,11 @@ class DbQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, conf  # noqa: F401  (registers the system checks)
+        from .errors import install_log_filter
+
+        # Here rather than in LOGGING: the queue's warnings are scrubbed whatever the
+        # project's logging configuration, which Django applies before ready().
+        install_log_filter()
 
         if django.VERSION >= (6, 0):
             # Registers the job that runs django.tasks tasks, and its signal receiver.

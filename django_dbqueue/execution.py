@@ -22,6 +22,7 @@ from django.db import DatabaseError
 
 from . import payload, registry
 from .chains import chain_of
+from .errors import clean
 from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, WorkerStopped
 from .models import Job
 from .progress import Tracker
@@ -243,7 +244,9 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
                 result = definition.func(*args, **kwargs)
     except WorkerStopped as exc:
         # Forced shutdown: give the job back at once; it runs again elsewhere.
-        return Outcome("released", time.monotonic() - started, exception=exc, error=_traceback(exc), tracker=tracker)
+        return Outcome(
+            "released", time.monotonic() - started, exception=exc, error=clean(_traceback(exc)), tracker=tracker
+        )
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
         if isinstance(exc, PERMANENT_ERRORS):
             return _failed(exc, started, _traceback(exc), tracker)
@@ -268,12 +271,19 @@ def _after_error(
         backoff = defaults.backoff
     delay = registry.backoff_seconds(backoff, job.attempts)
     return Outcome(
-        "released", time.monotonic() - started, exception=exc, error=_traceback(exc), delay=delay, tracker=tracker
+        "released",
+        time.monotonic() - started,
+        exception=exc,
+        error=clean(_traceback(exc)),
+        delay=delay,
+        tracker=tracker,
     )
 
 
 def _failed(exc: BaseException, started: float, error: str, tracker: Tracker | None) -> Outcome:
-    return Outcome("failed", time.monotonic() - started, exception=exc, error=error, tracker=tracker)
+    # Cleaned here, at the source: FailedJob.error, the progress row and the logs
+    # all take the outcome's text.
+    return Outcome("failed", time.monotonic() - started, exception=exc, error=clean(error), tracker=tracker)
 
 
 def _traceback(exc: BaseException) -> str:

@@ -33,6 +33,7 @@ from . import payload, registry
 from .chains import build_row
 from .checks import CLAIM_VENDORS
 from .db import DbNow, alias, read_back
+from .errors import clean
 from .exceptions import JobNotRegistered, PayloadError, WorkerStopped
 from .models import FailedJob, Job, TaskResultRecord
 from .registry import JobContext, job
@@ -273,7 +274,8 @@ def run_task(context: JobContext, result_id: str) -> Any:
             *record.errors,
             {
                 "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-                "traceback": "".join(traceback.format_exception(exc)),
+                # Stored like FailedJob.error: scrubbed and capped.
+                "traceback": clean("".join(traceback.format_exception(exc))),
             },
         ]
         record.status = TaskResultStatus.FAILED if last else TaskResultStatus.READY
