@@ -284,3 +284,35 @@ def test_an_idle_worker_prunes_old_results_when_configured(settings):
     settings.DBQUEUE = {**settings.DBQUEUE, "RESULT_MAX_AGE": 2}
     run_worker(max_time=0.3, stop_when_empty=False, sleep=0.05)
     assert list(TaskResultRecord.objects.values_list("pk", flat=True)) == [fresh.id]
+
+
+@task
+def leak_secrets(filler: int) -> None:
+    """Fails with secrets at both ends of a message ``filler`` characters long."""
+    raise ValueError(
+        f"login failed password=hunter2 {'x' * filler} api_key=sk_live_51HxQ9zG card 4111 1111 1111 1111 END"
+    )
+
+
+def test_each_attempts_traceback_is_scrubbed_and_capped_to_its_head_and_tail():
+    result = leak_secrets.enqueue(1_000_000)
+    run_worker()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and len(result.errors) == 2
+    for error in result.errors:
+        text = error.traceback
+        assert "hunter2" not in text and "sk_live_51HxQ9zG" not in text and "4111 1111 1111 1111" not in text
+        assert len(text) <= 20000 and "characters cut ..." in text
+        assert text.startswith("Traceback (most recent call last):\n")
+        assert "ValueError: login failed password=[scrubbed] x" in text
+        assert text.endswith("api_key=[scrubbed] card [scrubbed] END\n")
+        assert error.exception_class_path == "builtins.ValueError"
+    assert "hunter2" not in FailedJob.objects.get().error
+
+
+def test_each_attempts_traceback_is_stored_as_is_without_a_scrubber(settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "ERROR_SCRUBBER": None}
+    result = leak_secrets.enqueue(10)
+    run_worker()
+    result.refresh()
+    assert all("password=hunter2" in error.traceback for error in result.errors)
