@@ -6,6 +6,11 @@ delivers it when the enqueueing transaction commits. An idle worker waits on
 its connection's socket as well as its timer, so a new job starts within a
 round trip instead of a poll interval. Polling stays: delayed jobs, releases
 and other databases are found by it.
+
+A transaction pooler (PgBouncer in transaction mode) cannot carry ``LISTEN``:
+the session that listens is lent to other clients between transactions.
+Behind one, point ``DBQUEUE["LISTEN_DATABASE"]`` at an alias that reaches
+the server directly, or set ``DBQUEUE["LISTEN"] = False`` to poll only.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .db import alias
+from . import conf
+from .db import alias, drop_connection
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -23,15 +29,25 @@ CHANNEL = "dbqueue"
 
 
 class Listener:
-    """LISTEN on the worker's own queue connection; re-LISTEN after a reconnect."""
+    """LISTEN on a connection of the worker's (the queue's, or ``LISTEN_DATABASE``'s);
+    re-LISTEN after a reconnect."""
 
-    def __init__(self) -> None:
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using or alias()
         self._listening_on: Any = None
 
+    @classmethod
+    def configured(cls) -> Listener | None:
+        """The listener the settings ask for, or None: ``LISTEN`` off, or no PostgreSQL to listen to."""
+        if not conf.get("LISTEN"):
+            return None
+        using = conf.get("LISTEN_DATABASE") or alias()
+        return cls(using) if cls.supported(using) else None
+
     @staticmethod
-    def supported() -> bool:
+    def supported(using: str | None = None) -> bool:
         """PostgreSQL through psycopg 3 (psycopg2's connection has no ``pgconn``)."""
-        if connections[alias()].vendor != "postgresql":
+        if connections[using or alias()].vendor != "postgresql":
             return False
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
@@ -39,7 +55,7 @@ class Listener:
 
     def fileno(self) -> int | None:
         """The socket to wait on, LISTENing first if this connection does not yet; None if not possible."""
-        connection = connections[alias()]
+        connection = connections[self.using]
         try:
             connection.ensure_connection()
             raw = connection.connection
@@ -50,12 +66,12 @@ class Listener:
             return int(raw.pgconn.socket)
         except (DatabaseError, AttributeError, OSError) as exc:
             logger.debug("cannot listen for new jobs: %s", exc)
-            self._listening_on = None
+            self._forget()
             return None
 
     def drain(self) -> int:
         """Read the notifications that arrived; return how many."""
-        connection = connections[alias()]
+        connection = connections[self.using]
         raw = connection.connection
         if raw is None:
             return 0
@@ -66,5 +82,12 @@ class Listener:
                 count += 1
         except Exception as exc:  # noqa: BLE001 - a broken socket: the next reserve reconnects
             logger.debug("reading notifications failed: %s", exc)
-            self._listening_on = None
+            self._forget()
         return count
+
+    def _forget(self) -> None:
+        """LISTEN again on the next wait; a connection of its own is opened afresh (the
+        queue's is reopened by the worker's next claim)."""
+        self._listening_on = None
+        if self.using != alias():
+            drop_connection(self.using)

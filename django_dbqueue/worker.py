@@ -132,7 +132,7 @@ class Worker:
         self._done_since = 0.0
         # Recent average run time of a job (seconds), None before the first.
         self._average_run: float | None = None
-        self._listener = Listener() if Listener.supported() else None
+        self._listener = Listener.configured()
         self.heartbeat = Heartbeat(self.worker_id, queues=options.queues)
         self._timer = JobTimer(options.defaults.timeout_grace)
 

@@ -53,10 +53,15 @@ elif DB == "sqlite":
 else:
     raise RuntimeError(f"DBQUEUE_TEST_DB must be sqlite, postgres or mysql, not {DB!r}")
 
+if DB == "postgres" and os.environ.get("DBQUEUE_TEST_DIRECT_PORT"):
+    # Workers behind PgBouncer: a second alias that reaches PostgreSQL directly, for LISTEN.
+    DATABASES["direct"] = {**DATABASES["default"], "PORT": os.environ["DBQUEUE_TEST_DIRECT_PORT"]}
+
 if os.environ.get("DBQUEUE_TEST_USE_TEST_DB"):
     # Set for worker processes started by the tests: use the test database
     # that pytest-django created, not the development one.
-    DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
+    for _database in DATABASES.values():
+        _database["NAME"] = _database["TEST"]["NAME"]
 
 SECRET_KEY = "tests-only"
 ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
@@ -100,6 +105,8 @@ DBQUEUE = {
     "TIMEOUT": 30,
     "TIMEOUT_GRACE": float(os.environ.get("DBQUEUE_TEST_TIMEOUT_GRACE", "5")),
     "NETWORK_TIMEOUT": float(os.environ.get("DBQUEUE_TEST_NETWORK_TIMEOUT", "30")),
+    "LISTEN": os.environ.get("DBQUEUE_TEST_LISTEN", "1") == "1",
+    "LISTEN_DATABASE": "direct" if "direct" in DATABASES else None,
 }
 
 if django.VERSION >= (6, 0):

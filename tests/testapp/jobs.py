@@ -222,3 +222,9 @@ def partition_step(context: JobContext, key: str, seconds: float) -> None:
     """Records that it started, then computes for ``seconds`` without touching the database."""
     Attempt.objects.create(key=f"{key}-start", attempt=context.attempt)
     time.sleep(seconds)
+
+
+@job(takes_context=True)
+def report_progress(context: JobContext, key: str) -> None:
+    context.progress(50, "half way")
+    Run.objects.create(key=key, pid=os.getpid())
