@@ -65,7 +65,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         ``attempts`` condition of a compare-and-set. Job rows have no
         relations and send no delete signals.
         """
-        return int(self._raw_delete(self.db))
+        # None when the filter can match nothing (``pk__in=[]``): no statement is sent.
+        return int(self._raw_delete(self.db) or 0)
 
 
 class JobManager(models.Manager["Job"]):

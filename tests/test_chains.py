@@ -11,6 +11,7 @@ from django.test import Client
 
 from django_dbqueue import chain, get_progress
 from django_dbqueue.models import FailedJob, Job, JobProgress
+from django_dbqueue.progress import progress_token
 from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Run
@@ -116,7 +117,7 @@ def test_the_json_view_returns_progress_and_404_for_an_unknown_key():
     from django_dbqueue.progress import set_progress
 
     set_progress("chain:abc", 42, "resizing")
-    response = Client().get("/queue/progress/chain:abc/")
+    response = Client().get("/queue/progress/chain:abc/", {"token": progress_token("chain:abc")})
     assert response.status_code == 200 and response["Cache-Control"] == "no-store"
     assert {k: response.json()[k] for k in ("key", "percent", "stage", "finished")} == {
         "key": "chain:abc",
@@ -124,7 +125,7 @@ def test_the_json_view_returns_progress_and_404_for_an_unknown_key():
         "stage": "resizing",
         "finished": False,
     }
-    assert Client().get("/queue/progress/404/").status_code == 404
+    assert Client().get("/queue/progress/404/", {"token": progress_token("404")}).status_code == 404
 
 
 def test_queue_prune_progress_deletes_old_rows(capsys):
