@@ -100,8 +100,11 @@ def read_back(instance: Any, *fields: str) -> None:
     Django 6 reads them back in the INSERT's RETURNING clause; Django 5.2, UPDATEs
     and backends without RETURNING leave the expression on the instance.
     """
-    if any(hasattr(getattr(instance, name), "resolve_expression") for name in fields):
-        instance.refresh_from_db(fields=list(fields))
+    # Django 6.1 defers a field saved from an expression; reading it would fetch it
+    # from wherever a router sends reads. Read it from the database the row was saved to.
+    deferred = instance.get_deferred_fields()
+    if any(name in deferred or hasattr(getattr(instance, name), "resolve_expression") for name in fields):
+        instance.refresh_from_db(fields=list(fields), using=instance._state.db)
 
 
 def apply_network_timeout(connection: Any, seconds: float | None = None) -> bool:

@@ -21,6 +21,7 @@ from django.db.models.sql import InsertQuery
 
 from . import conf
 from .db import DbNow, alias
+from .errors import clean
 from .models import JobProgress
 
 logger = logging.getLogger("django_dbqueue")
@@ -80,7 +81,8 @@ def set_progress(
         stage=stage[:200],
         finished=finished,
         failed=failed,
-        error=error,
+        # Callers outside the worker may pass raw exception text.
+        error=clean(error),
         updated_at=DbNow(),
     )
     try:

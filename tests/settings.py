@@ -53,6 +53,10 @@ elif DB == "sqlite":
 else:
     raise RuntimeError(f"DBQUEUE_TEST_DB must be sqlite, postgres or mysql, not {DB!r}")
 
+# A read replica for the router tests: the same database under a second alias, as a
+# project with a primary and a replica declares it (tests/routers.py sends reads to it).
+DATABASES["replica"] = {**DATABASES["default"], "TEST": {**DATABASES["default"]["TEST"], "MIRROR": "default"}}
+
 if DB == "postgres" and os.environ.get("DBQUEUE_TEST_DIRECT_PORT"):
     # Workers behind PgBouncer: a second alias that reaches PostgreSQL directly, for LISTEN.
     DATABASES["direct"] = {**DATABASES["default"], "PORT": os.environ["DBQUEUE_TEST_DIRECT_PORT"]}
