@@ -706,10 +706,12 @@ def test_monitor_keeps_its_exit_status_when_it_warns():
 @db
 def test_queue_overview_reads_the_read_database():
     jobs.record.enqueue("a")
-    with override_settings(DBQUEUE={"READ_DATABASE": "replica"}), pytest.raises(ConnectionDoesNotExist):
+    with override_settings(DBQUEUE={"READ_DATABASE": "nowhere"}), pytest.raises(ConnectionDoesNotExist):
         operations.queue_overview()
-    with override_settings(DBQUEUE={"READ_DATABASE": "default"}):
-        assert [(item.queue, item.waiting) for item in operations.queue_overview()] == [("default", 1)]
+    with override_settings(DBQUEUE={"READ_DATABASE": "replica"}):
+        assert operations.read_alias() == "replica"
+    assert operations.read_alias() == "default"
+    assert [(item.queue, item.waiting) for item in operations.queue_overview()] == [("default", 1)]
 
 
 @db
