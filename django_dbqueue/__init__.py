@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from .exceptions import JobNotRegistered, JobTimeout, PayloadError
+from .exceptions import JobNotRegistered, JobTimeout, PayloadError, PayloadTooLarge, UnknownQueue
 from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
 
 # Names whose modules import the models: loaded on first use, so importing
@@ -23,6 +23,8 @@ __all__ = [
     "JobNotRegistered",
     "JobTimeout",
     "PayloadError",
+    "PayloadTooLarge",
+    "UnknownQueue",
     "chain",
     "enqueue_many",
     "get_progress",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin, messages
@@ -11,7 +10,6 @@ from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Length, Right
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -22,9 +20,17 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from . import payload
-from .db import DbNow, alias
+from .db import DbNow
 from .models import FailedJob, Job, JobProgress
-from .operations import QueueStats, job_state, queue_overview, release_expired, retry_failed, run_now
+from .operations import (
+    QueueStats,
+    delete_unreserved,
+    job_state,
+    queue_overview,
+    release_expired,
+    retry_failed,
+    run_now,
+)
 
 # Characters of a failed job's error read for the change list's one-line
 # summary: the end of the traceback, where the exception line is.
@@ -98,24 +104,6 @@ class _StillReserved(Exception):
     """A job chosen for deletion was reserved by a worker before the DELETE ran."""
 
 
-def _delete_unreserved(ids: Sequence[int]) -> list[Job]:
-    """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted."""
-    with transaction.atomic(using=alias()):
-        # The row locks (PostgreSQL, MariaDB) keep a worker from claiming the rows
-        # before the DELETE, so the rows read are the rows deleted; the DELETE's
-        # own condition is what protects a reserved job everywhere, SQLite included.
-        rows = list(
-            Job.objects.filter(pk__in=ids, reserved_at__isnull=True).select_for_update().only("id", "name").order_by()
-        )
-        if not rows:
-            return []
-        unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)
-        if unreserved.delete_now() != len(rows):
-            kept = set(Job.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
-            rows = [row for row in rows if row.pk not in kept]
-    return rows
-
-
 class ReadOnlyMixin:
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -184,7 +172,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
             response: HttpResponse | None = admin_actions.delete_selected(self, request, unreserved)
             return response
         ids = list(queryset.values_list("pk", flat=True))
-        deleted = _delete_unreserved(ids)
+        deleted = delete_unreserved(ids)
         if deleted:
             self.log_deletions(request, deleted)  # type: ignore[arg-type]
             count = len(deleted)
@@ -206,10 +194,10 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
             self.message_user(request, message % count, messages.ERROR)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        _delete_unreserved(list(queryset.values_list("pk", flat=True)))
+        delete_unreserved(list(queryset.values_list("pk", flat=True)))
 
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
-        if not _delete_unreserved([obj.pk]):
+        if not delete_unreserved([obj.pk]):
             # Raised inside the delete view's transaction, so its log entry is rolled back.
             raise _StillReserved
 

@@ -126,6 +126,28 @@ def unserved(stats: Iterable[QueueStats], max_age: float = WORKER_MAX_AGE) -> li
     return [item for item in waiting if item.queue not in served]
 
 
+def delete_unreserved(ids: Sequence[int]) -> list[Job]:
+    """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted.
+
+    A reserved job is left alone: its worker may be running it, and deleting it
+    would drop its outcome and, in a chain, the steps still to run.
+    """
+    with transaction.atomic(using=alias()):
+        # The row locks (PostgreSQL, MariaDB) keep a worker from claiming the rows
+        # before the DELETE, so the rows read are the rows deleted; the DELETE's
+        # own condition is what protects a reserved job everywhere, SQLite included.
+        rows = list(
+            Job.objects.filter(pk__in=ids, reserved_at__isnull=True).select_for_update().only("id", "name").order_by()
+        )
+        if not rows:
+            return []
+        unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)
+        if unreserved.delete_now() != len(rows):
+            kept = set(Job.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
+            rows = [row for row in rows if row.pk not in kept]
+    return rows
+
+
 def run_now(jobs: QuerySet[Job]) -> int:
     """Make unreserved jobs available at once; return how many."""
     return jobs.filter(reserved_at__isnull=True).update(available_at=DbNow())
@@ -370,7 +392,7 @@ def request_restart() -> datetime:
     """Ask every worker, on every host, to finish its current job and exit."""
     with transaction.atomic(using=alias()):
         marker, _ = QueueControl.objects.update_or_create(key=RESTART_KEY, defaults={"updated_at": DbNow()})
-    marker.refresh_from_db(fields=["updated_at"])
+    marker.refresh_from_db(fields=["updated_at"], using=marker._state.db)
     updated_at: datetime = marker.updated_at
     return updated_at
 

@@ -101,6 +101,8 @@ class DatabaseBackend(BaseTaskBackend):
             stored_args, stored_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
         except TypeError as exc:
             raise TypeError(f"Cannot enqueue {task.module_path}: its arguments must be JSON: {exc}") from None
+        # The arguments live in the result row, not in the job's payload: same limit.
+        payload.check_size(task.module_path, payload.dumps({"args": stored_args, "kwargs": stored_kwargs}))
         result_id = uuid.uuid4().hex
         step = {
             "name": RUN_TASK,

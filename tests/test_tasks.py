@@ -18,6 +18,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 
+from django_dbqueue import PayloadTooLarge
 from django_dbqueue.models import FailedJob, Job, TaskResultRecord
 from django_dbqueue.tasks import RUN_TASK, DatabaseBackend
 from tests.conftest import run_worker, wait_until
@@ -75,6 +76,11 @@ def test_enqueue_returns_a_ready_result_and_stores_a_job():
             lambda: tasks.add_numbers.enqueue(object(), 2),
             TypeError,
             "Cannot enqueue tests.testapp.tasks.add_numbers: its arguments must be JSON",
+        ),
+        (
+            lambda: tasks.add_numbers.enqueue("x" * 2_000_000, 2),
+            PayloadTooLarge,
+            "Cannot enqueue tests.testapp.tasks.add_numbers: its payload is 2,000,",
         ),
     ],
 )
