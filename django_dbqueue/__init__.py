@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from .exceptions import JobNotRegistered, JobTimeout, PayloadError, PayloadTooLarge, UnknownQueue
+from .exceptions import JobNotRegistered, JobTimeout, PayloadError, PayloadTooLarge, Snooze, UnknownQueue
 from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
 
 # Names whose modules import the models: loaded on first use, so importing
@@ -24,6 +24,7 @@ __all__ = [
     "JobTimeout",
     "PayloadError",
     "PayloadTooLarge",
+    "Snooze",
     "UnknownQueue",
     "chain",
     "enqueue_many",

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from . import conf, registry, validation
+from . import conf, middleware, registry, validation
 
 CLAIM_VENDORS = ("postgresql", "mysql", "sqlite")
 
@@ -76,6 +76,10 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "LISTEN": ("a bool", lambda v: isinstance(v, bool)),
     "LISTEN_DATABASE": ("a database alias (str) or None", lambda v: v is None or (isinstance(v, str) and bool(v))),
     "NETWORK_TIMEOUT": ("a number >= 1 (seconds) or None", lambda v: v is None or _number(v, minimum=1)),
+    "MIDDLEWARE": (
+        "a list of middleware: callables, or dotted paths that import to callables",
+        middleware.valid_list,
+    ),
 }
 assert set(VALIDATORS) == set(conf.DEFAULTS)
 

@@ -63,6 +63,9 @@ DEFAULTS: dict[str, Any] = {
     # connection counts as broken (TCP keepalives and user timeout on PostgreSQL,
     # read/write timeouts on MariaDB/MySQL); None: the driver's defaults.
     "NETWORK_TIMEOUT": 30,
+    # Middleware wrapped around every run of every job, outermost first: callables
+    # ``middleware(context, call_next)`` or their dotted paths (see middleware.py).
+    "MIDDLEWARE": [],
 }
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from .validation import MAX_SECONDS
+
 
 class DbQueueError(Exception):
     """Base class of the queue's own errors."""
@@ -54,6 +58,34 @@ class JobTimeout(BaseException):
 
     A BaseException, so a job's ``except Exception`` does not swallow it.
     """
+
+
+class Snooze(BaseException):
+    """Raised by a job to run again after ``seconds`` without spending one of its tries.
+
+    A BaseException, like JobTimeout, so a job's ``except Exception`` does not
+    swallow it. Raise it, or call ``context.snooze(seconds)``.
+    """
+
+    def __init__(self, seconds: float | timedelta = 0) -> None:
+        self.seconds = snooze_seconds(seconds)
+        # The seconds as the only argument, so a copy or an unpickled one is rebuilt alike.
+        super().__init__(self.seconds)
+
+    def __str__(self) -> str:
+        return f"snoozed for {self.seconds:g} s"
+
+
+def snooze_seconds(seconds: object) -> float:
+    """Return ``seconds`` (a number or a timedelta) as a float; raise if it is no valid delay."""
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"a snooze takes seconds (a number) or a timedelta, not {type(seconds).__name__}")
+    # The database's date arithmetic holds at most MAX_SECONDS; NaN fails every comparison.
+    if not 0 <= seconds <= MAX_SECONDS:
+        raise ValueError(f"a snooze takes seconds from 0 to {MAX_SECONDS}, not {seconds!r}")
+    return float(seconds)
 
 
 class WorkerStopped(BaseException):

@@ -14,16 +14,18 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError
+from django.utils import timezone
 
-from . import payload, registry
+from . import middleware, payload, registry
 from .chains import chain_of
 from .errors import clean
-from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, WorkerStopped
+from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, Snooze, WorkerStopped
 from .models import Job
 from .progress import Tracker
 from .registry import Backoff, JobContext, JobDefinition
@@ -52,8 +54,13 @@ class Outcome:
     error: str = ""
     delay: float = 0
     tracker: Tracker | None = None
-    # A release that spends no try: the job's database connection broke under it.
+    # A release that spends no try: the job snoozed, or its database connection broke under it.
     given_back: bool = False
+
+    @property
+    def snoozed(self) -> bool:
+        """Tell whether the job put itself back with ``Snooze``."""
+        return isinstance(self.exception, Snooze)
 
     @property
     def exception_class(self) -> str:
@@ -206,19 +213,21 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
         definition, envelope, args, kwargs = prepare(job)
         chain, step, steps = chain_position(envelope)
         tracker = Tracker(job.pk, chain)
+        # Built for every run: middleware receive it whether the job takes it or not.
+        context = JobContext(
+            job_id=job.pk,
+            name=job.name,
+            queue=job.queue,
+            attempt=job.attempts,
+            tries=tries,
+            worker_id=worker_id,
+            tracker=tracker,
+            chain_id=chain["id"] if chain else None,
+            step=step,
+            steps=steps,
+            given_back=job.given_back,
+        )
         if definition.takes_context:
-            context = JobContext(
-                job_id=job.pk,
-                name=job.name,
-                queue=job.queue,
-                attempt=job.attempts,
-                tries=tries,
-                worker_id=worker_id,
-                tracker=tracker,
-                chain_id=chain["id"] if chain else None,
-                step=step,
-                steps=steps,
-            )
             args = (context, *args)
         check_signature(definition, args, kwargs)
     except PERMANENT_ERRORS as exc:
@@ -236,22 +245,42 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
     timeout = job.timeout or defaults.timeout
     try:
         with timer.limit(timeout):
-            if inspect.iscoroutinefunction(definition.func):
-                # async_to_sync runs the job's sync_to_async calls in this thread,
-                # on the worker's own database connection.
-                result = async_to_sync(definition.func)(*args, **kwargs)
+            stack = middleware.from_settings()
+            if definition.middleware:
+                stack += middleware.for_job(definition.name, definition.middleware)
+            if stack:
+                result = middleware.run(stack, context, functools.partial(_call, definition.func, args, kwargs))
             else:
-                result = definition.func(*args, **kwargs)
+                result = _call(definition.func, args, kwargs)
     except WorkerStopped as exc:
         # Forced shutdown: give the job back at once; it runs again elsewhere.
         return Outcome(
             "released", time.monotonic() - started, exception=exc, error=clean(_traceback(exc)), tracker=tracker
+        )
+    except Snooze as exc:
+        # Not an error: no traceback, and no try spent.
+        return Outcome(
+            "released",
+            time.monotonic() - started,
+            exception=exc,
+            error=str(exc),
+            delay=exc.seconds,
+            tracker=tracker,
+            given_back=True,
         )
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
         if isinstance(exc, PERMANENT_ERRORS):
             return _failed(exc, started, _traceback(exc), tracker)
         return _after_error(job, exc, envelope, tries, defaults, started, tracker)
     return Outcome("succeeded", time.monotonic() - started, result=result, tracker=tracker)
+
+
+def _call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if inspect.iscoroutinefunction(func):
+        # async_to_sync runs the job's sync_to_async calls in this thread,
+        # on the worker's own database connection.
+        return async_to_sync(func)(*args, **kwargs)
+    return func(*args, **kwargs)
 
 
 def _after_error(
@@ -263,9 +292,19 @@ def _after_error(
     started: float,
     tracker: Tracker | None,
 ) -> Outcome:
-    """Release the job for another attempt after its backoff, or fail it once its tries are used."""
+    """Release the job for another attempt after its backoff, or fail it once its tries
+    are used or its ``retry_until`` has passed."""
     if job.tries_spent >= tries:
         return _failed(exc, started, _traceback(exc), tracker)
+    deadline = _retry_deadline(job, envelope)
+    if deadline is not None and database_now(job, started) >= deadline:
+        return _failed(
+            exc,
+            started,
+            f"{job.name} (job {job.pk}) is not retried: its retry_until, {deadline.isoformat()}, has passed.\n\n"
+            f"{_traceback(exc)}",
+            tracker,
+        )
     backoff = envelope.get("backoff")
     if backoff is None or not registry.valid_backoff(backoff):
         backoff = defaults.backoff
@@ -278,6 +317,34 @@ def _after_error(
         delay=delay,
         tracker=tracker,
     )
+
+
+def _retry_deadline(job: Job, envelope: dict[str, Any]) -> datetime | None:
+    """The job's ``retry_until`` from its envelope; None if it has none, or an unreadable one."""
+    stored = envelope.get("retry_until")
+    if stored is None:
+        return None
+    try:
+        deadline = datetime.fromisoformat(stored)
+    except (TypeError, ValueError):
+        # Its tries still bound the job; a bad deadline must not fail it by itself.
+        logger.warning("ignoring unreadable retry_until job=%s id=%s value=%r", job.name, job.pk, stored)
+        return None
+    return deadline if deadline.tzinfo is not None else deadline.replace(tzinfo=UTC)
+
+
+def database_now(job: Job, started: float) -> datetime:
+    """Estimate the database's clock: the claim's time (``reserved_at``, read from the
+    database) plus the monotonic time since the run ``started``.
+
+    It runs behind the database's clock by the time the job waited in the worker
+    between its claim and its run (a batch's wait, a fraction of a second), never
+    ahead: a deadline is never taken as passed before it has. It is this
+    process's clock only for a row that was never claimed.
+    """
+    if job.reserved_at is None:
+        return timezone.now()
+    return job.reserved_at + timedelta(seconds=time.monotonic() - started)
 
 
 def _failed(exc: BaseException, started: float, error: str, tracker: Tracker | None) -> Outcome:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, NoReturn, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 
 from . import conf, payload, signals, validation
-from .exceptions import JobNotRegistered
+from .exceptions import JobNotRegistered, Snooze
 
 if TYPE_CHECKING:
     from .bulk import NewJob
+    from .middleware import MiddlewareEntry
     from .models import Job
     from .progress import Tracker
 
@@ -24,17 +26,22 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 Backoff = int | float | Sequence[int | float]
+# When a job stops being retried: an aware datetime, a time from enqueue, or a
+# callable that returns either when the job is enqueued.
+RetryUntil = datetime | timedelta | Callable[[], datetime | timedelta]
 
 _registry: dict[str, JobDefinition[..., Any]] = {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobContext:
-    """What a job defined with ``takes_context=True`` receives as its first argument."""
+    """What a job defined with ``takes_context=True`` receives as its first argument,
+    and what every middleware receives."""
 
     job_id: int
     name: str
     queue: str
+    # Reservations of the job so far, this one included: every run, snoozed ones too.
     attempt: int
     tries: int
     worker_id: str = ""
@@ -43,10 +50,17 @@ class JobContext:
     step: int = 1
     steps: int = 1
     tracker: Tracker | None = dataclasses.field(default=None, repr=False, compare=False)
+    # Earlier reservations that spent no try (snoozes, lost connections).
+    given_back: int = 0
 
     @property
     def is_last_attempt(self) -> bool:
-        return self.attempt >= self.tries
+        """Tell whether a failure of this run uses the job's last try."""
+        return self.attempt - self.given_back >= self.tries
+
+    def snooze(self, seconds: float | timedelta) -> NoReturn:
+        """Stop this run and run the job again after ``seconds``, without spending a try."""
+        raise Snooze(seconds)
 
     @property
     def progress_key(self) -> str:
@@ -77,8 +91,13 @@ class JobDefinition(Generic[P, R]):
     priority: int = 0
     delay: float = 0
     takes_context: bool = False
+    retry_until: RetryUntil | None = None
+    # Wrapped around each run, inside DBQUEUE["MIDDLEWARE"]: callables or dotted paths.
+    middleware: Sequence[MiddlewareEntry] = ()
 
     def __post_init__(self) -> None:
+        # A tuple, so the definition stays hashable and the list passed in can change freely.
+        object.__setattr__(self, "middleware", tuple(self.middleware))
         _validate_options(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
@@ -95,6 +114,7 @@ class JobDefinition(Generic[P, R]):
         retry_after: int | None = None,
         timeout: int | None = None,
         backoff: Backoff | None = None,
+        retry_until: RetryUntil | None = None,
     ) -> JobDefinition[P, R]:
         """Return a copy with some options changed, for the next enqueue."""
         changes: dict[str, Any] = {
@@ -106,6 +126,7 @@ class JobDefinition(Generic[P, R]):
                 "retry_after": retry_after,
                 "timeout": timeout,
                 "backoff": backoff,
+                "retry_until": retry_until,
             }.items()
             if value is not None
         }
@@ -162,6 +183,8 @@ class JobCall:
             "backoff": _backoff_json(definition.backoff),
             **args,
         }
+        if definition.retry_until is not None:
+            step["retry_until"] = retry_deadline(definition.name, definition.retry_until)
         return step
 
     def to_new_job(self) -> NewJob:
@@ -268,6 +291,50 @@ def _validate_options(definition: JobDefinition[..., Any]) -> None:
             f"not {definition.delay!r}"
         )
 
+    if definition.retry_until is not None:
+        error = _retry_until_error(definition.retry_until, callable_ok=True)
+        if error is not None:
+            raise ImproperlyConfigured(f"{where}: {error}")
+    for entry in definition.middleware:
+        if not (callable(entry) or _dotted(entry)):
+            raise ImproperlyConfigured(
+                f"{where}: each middleware must be a callable or the dotted path of one, not {entry!r}"
+            )
+
+
+def _retry_until_error(value: Any, *, callable_ok: bool) -> str | None:
+    """Why ``value`` cannot be a retry_until, or None if it can."""
+    if isinstance(value, datetime):
+        if timezone.is_naive(value):
+            return f"retry_until must be a timezone-aware datetime, not the naive {value.isoformat()!r}"
+        return None
+    if isinstance(value, timedelta):
+        if not 0 <= value.total_seconds() <= validation.MAX_SECONDS:
+            return f"retry_until as a timedelta must be from 0 to {validation.MAX_SECONDS} seconds, not {value!r}"
+        return None
+    if callable_ok and callable(value):
+        return None
+    expected = "an aware datetime, a timedelta" + (", or a callable returning one" if callable_ok else "")
+    return f"retry_until must be {expected}, not {type(value).__name__} {value!r}"
+
+
+def retry_deadline(name: str, retry_until: RetryUntil) -> str:
+    """Return ``retry_until`` as an ISO timestamp in UTC, a timedelta counted from now.
+
+    Now is this process's clock (the enqueuing one); a callable is called here.
+    """
+    value = retry_until() if callable(retry_until) else retry_until
+    error = _retry_until_error(value, callable_ok=False)
+    if error is not None:
+        raise TypeError(f"Cannot enqueue {name}: {error}")
+    if isinstance(value, timedelta):
+        value = timezone.now() + value
+    return value.astimezone(UTC).isoformat()
+
+
+def _dotted(value: Any) -> bool:
+    return isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split("."))
+
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -305,6 +372,8 @@ def job(
     backoff: Backoff | None = None,
     priority: int = 0,
     delay: float = 0,
+    retry_until: RetryUntil | None = None,
+    middleware: Sequence[MiddlewareEntry] = (),
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
 
 
@@ -320,6 +389,8 @@ def job(
     backoff: Backoff | None = None,
     priority: int = 0,
     delay: float = 0,
+    retry_until: RetryUntil | None = None,
+    middleware: Sequence[MiddlewareEntry] = (),
 ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
 

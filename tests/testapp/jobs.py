@@ -228,3 +228,87 @@ def partition_step(context: JobContext, key: str, seconds: float) -> None:
 def report_progress(context: JobContext, key: str) -> None:
     context.progress(50, "half way")
     Run.objects.create(key=key, pid=os.getpid())
+
+
+# -- snooze, retry_until and middleware (tests/test_lifecycle.py) ---------------
+
+
+@job(takes_context=True, tries=2, retry_after=30, timeout=20)
+def snooze_then_record(context: JobContext, key: str, times: int, seconds: float) -> None:
+    """Snoozes on its first ``times`` runs (through the context, then by raising), then records."""
+    from django_dbqueue import Snooze
+
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    if context.attempt <= times:
+        try:
+            if context.attempt % 2:
+                context.snooze(seconds)
+            raise Snooze(seconds)
+        except Exception:  # noqa: BLE001 - a job's broad except must not swallow a snooze
+            Run.objects.create(key=f"{key}-swallowed")
+    Run.objects.create(key=key, note=f"given_back={context.given_back} last={context.is_last_attempt}")
+
+
+@job(takes_context=True, tries=1)
+def snooze_for(context: JobContext, key: str, seconds: object) -> None:
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    context.snooze(seconds)
+
+
+from collections.abc import Callable  # noqa: E402 - kept with the jobs that use it
+from typing import Any  # noqa: E402
+
+MIDDLEWARE_CALLS: list[str] = []
+
+
+def _recording(label: str) -> Callable[[JobContext, Callable[[], Any]], Any]:
+    def middleware(context: JobContext, call_next: Callable[[], Any]) -> Any:
+        MIDDLEWARE_CALLS.append(f"{label}:before:{context.name.rsplit('.', 1)[-1]}:{context.attempt}")
+        result = call_next()
+        MIDDLEWARE_CALLS.append(f"{label}:after:{result}")
+        return result
+
+    return middleware
+
+
+outer_middleware = _recording("outer")
+inner_middleware = _recording("inner")
+job_middleware = _recording("job")
+
+
+@job(middleware=["tests.testapp.jobs.job_middleware"])
+def wrapped(key: str) -> str:
+    MIDDLEWARE_CALLS.append("run")
+    return key
+
+
+def failing_middleware(context: JobContext, call_next: Callable[[], Any]) -> Any:
+    Attempt.objects.create(key=f"mw-{context.job_id}", attempt=context.attempt)
+    raise RuntimeError("the middleware broke")
+
+
+@job(tries=2, retry_after=30, timeout=20, middleware=[failing_middleware])
+def behind_failing_middleware(key: str) -> None:
+    Run.objects.create(key=key)
+
+
+@job(tries=1, middleware=["tests.testapp.no_such_module.middleware"])
+def behind_missing_middleware(key: str) -> None:
+    Run.objects.create(key=key)
+
+
+def sleeping_middleware(context: JobContext, call_next: Callable[[], Any]) -> Any:
+    time.sleep(10)
+    return call_next()
+
+
+@job(tries=1, timeout=1, retry_after=30, middleware=[sleeping_middleware])
+def behind_sleeping_middleware(key: str) -> None:
+    Run.objects.create(key=key)
+
+
+@job
+def log_line(key: str) -> None:
+    import logging
+
+    logging.getLogger("tests.jobs").warning("inside key=%s", key)
