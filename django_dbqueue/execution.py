@@ -213,21 +213,11 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
         definition, envelope, args, kwargs = prepare(job)
         chain, step, steps = chain_position(envelope)
         tracker = Tracker(job.pk, chain)
-        # Built for every run: middleware receive it whether the job takes it or not.
-        context = JobContext(
-            job_id=job.pk,
-            name=job.name,
-            queue=job.queue,
-            attempt=job.attempts,
-            tries=tries,
-            worker_id=worker_id,
-            tracker=tracker,
-            chain_id=chain["id"] if chain else None,
-            step=step,
-            steps=steps,
-            given_back=job.given_back,
-        )
+        # Built only when used, by the job or by middleware: a frozen dataclass of
+        # a dozen fields costs about 3 µs, a sixth of a bare run's overhead.
+        context = None
         if definition.takes_context:
+            context = _new_context(job, tries, worker_id, tracker, chain, step, steps)
             args = (context, *args)
         check_signature(definition, args, kwargs)
     except PERMANENT_ERRORS as exc:
@@ -249,6 +239,8 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
             if definition.middleware:
                 stack += middleware.for_job(definition.name, definition.middleware)
             if stack:
+                if context is None:
+                    context = _new_context(job, tries, worker_id, tracker, chain, step, steps)
                 result = middleware.run(stack, context, functools.partial(_call, definition.func, args, kwargs))
             else:
                 result = _call(definition.func, args, kwargs)
@@ -273,6 +265,30 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
             return _failed(exc, started, _traceback(exc), tracker)
         return _after_error(job, exc, envelope, tries, defaults, started, tracker)
     return Outcome("succeeded", time.monotonic() - started, result=result, tracker=tracker)
+
+
+def _new_context(
+    job: Job,
+    tries: int,
+    worker_id: str,
+    tracker: Tracker,
+    chain: dict[str, Any] | None,
+    step: int,
+    steps: int,
+) -> JobContext:
+    return JobContext(
+        job_id=job.pk,
+        name=job.name,
+        queue=job.queue,
+        attempt=job.attempts,
+        tries=tries,
+        worker_id=worker_id,
+        tracker=tracker,
+        chain_id=chain["id"] if chain else None,
+        step=step,
+        steps=steps,
+        given_back=job.given_back,
+    )
 
 
 def _call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
