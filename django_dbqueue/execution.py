@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from types import FrameType
+from types import FrameType, MappingProxyType
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
@@ -217,7 +217,7 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
         # a dozen fields costs about 3 µs, a sixth of a bare run's overhead.
         context = None
         if definition.takes_context:
-            context = _new_context(job, tries, worker_id, tracker, chain, step, steps)
+            context = _new_context(job, tries, worker_id, tracker, chain, step, steps, args, kwargs)
             args = (context, *args)
         check_signature(definition, args, kwargs)
     except PERMANENT_ERRORS as exc:
@@ -240,7 +240,7 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
                 stack += middleware.for_job(definition.name, definition.middleware)
             if stack:
                 if context is None:
-                    context = _new_context(job, tries, worker_id, tracker, chain, step, steps)
+                    context = _new_context(job, tries, worker_id, tracker, chain, step, steps, args, kwargs)
                 result = middleware.run(stack, context, functools.partial(_call, definition.func, args, kwargs))
             else:
                 result = _call(definition.func, args, kwargs)
@@ -275,6 +275,8 @@ def _new_context(
     chain: dict[str, Any] | None,
     step: int,
     steps: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> JobContext:
     return JobContext(
         job_id=job.pk,
@@ -288,6 +290,8 @@ def _new_context(
         step=step,
         steps=steps,
         given_back=job.given_back,
+        args=args,
+        kwargs=MappingProxyType(kwargs),
     )
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, NoReturn, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
@@ -52,6 +53,9 @@ class JobContext:
     tracker: Tracker | None = dataclasses.field(default=None, repr=False, compare=False)
     # Earlier reservations that spent no try (snoozes, lost connections).
     given_back: int = 0
+    # The call's arguments (without the context), for middleware; read-only.
+    args: tuple[Any, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    kwargs: Mapping[str, Any] = dataclasses.field(default=MappingProxyType({}), repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:

@@ -7,15 +7,17 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models.functions import Now
 from django.test import override_settings
-from django.utils import timezone
+from django.utils import timezone, translation
 
-from django_dbqueue import Snooze, checks, payload
+from django_dbqueue import JobContext, Snooze, checks, job, payload
 from django_dbqueue.execution import Defaults, execute
 from django_dbqueue.middleware import JobLogFilter
 from django_dbqueue.models import FailedJob, Job
@@ -356,3 +358,25 @@ def test_the_log_context_middleware_tags_log_records_written_during_a_run(caplog
     outside = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
     JobLogFilter().filter(outside)
     assert (outside.job_id, outside.job_name, outside.job_attempt) == ("", "", "")
+
+
+# The README's first middleware example, run for real.
+def use_language(context: JobContext, call_next: Callable[[], Any]) -> Any:
+    """Run jobs that take a ``language`` argument with that language active."""
+    language = context.kwargs.get("language")
+    if not language:
+        return call_next()
+    with translation.override(language):
+        return call_next()
+
+
+@job(name="tests.lifecycle.greet", middleware=[use_language])
+def greet(key: str, *, language: str = "") -> None:
+    Run.objects.create(key=key, note=translation.get_language())
+
+
+def test_a_middleware_reads_the_calls_arguments_and_switches_the_language_around_the_run():
+    greet.enqueue("fr", language="fr")
+    greet.enqueue("default")
+    run_worker()
+    assert dict(Run.objects.values_list("key", "note")) == {"fr": "fr", "default": settings.LANGUAGE_CODE}
