@@ -24,6 +24,7 @@ from .db import DbNow
 from .models import FailedJob, Job, JobProgress
 from .operations import (
     QueueStats,
+    cancel_jobs,
     delete_unreserved,
     job_state,
     queue_overview,
@@ -38,7 +39,7 @@ ERROR_TAIL = 1000
 
 RESERVED_REFUSAL = (
     "a worker has reserved it and may be running it. Deleting it would drop its outcome and, in a chain, "
-    "the steps still to run; delete it once it is waiting again."
+    "the steps still to run; cancel it instead (the Cancel actions), or delete it once it is waiting again."
 )
 
 
@@ -144,7 +145,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "pretty_payload",
     ]
     exclude = ["payload"]
-    actions = ["run_now", "release_expired", "delete_selected"]
+    actions = ["run_now", "release_expired", "cancel_selected", "cancel_selected_hard", "delete_selected"]
     change_list_template = "admin/django_dbqueue/job/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
@@ -186,9 +187,11 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         if count:
             message = ngettext(
                 "%d job was not deleted: a worker has reserved it and may be running it. Deleting it would drop "
-                "its outcome and, in a chain, the steps still to run; delete it once it is waiting again.",
+                "its outcome and, in a chain, the steps still to run; cancel it instead, or delete it once it is "
+                "waiting again.",
                 "%d jobs were not deleted: workers have reserved them and may be running them. Deleting them would "
-                "drop their outcomes and, in a chain, the steps still to run; delete them once they are waiting again.",
+                "drop their outcomes and, in a chain, the steps still to run; cancel them instead, or delete them "
+                "once they are waiting again.",
                 count,
             )
             self.message_user(request, message % count, messages.ERROR)
@@ -232,6 +235,45 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         self.message_user(
             request, ngettext("%d job is available now.", "%d jobs are available now.", count) % count, messages.SUCCESS
         )
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_dbqueue.cancel_job")
+
+    @admin.action(description="Cancel selected jobs (running ones stop when they next check)", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._cancel(request, queryset, hard=False)
+
+    @admin.action(description="Cancel selected jobs, stopping running ones at once", permissions=["cancel"])
+    def cancel_selected_hard(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._cancel(request, queryset, hard=True)
+
+    def _cancel(self, request: HttpRequest, queryset: QuerySet[Job], *, hard: bool) -> None:
+        reason = f"cancelled in the admin by {request.user.get_username()}"
+        outcomes = cancel_jobs(queryset.values_list("pk", flat=True), hard=hard, reason=reason)
+        cancelled = sum(1 for outcome in outcomes.values() if outcome == "cancelled")
+        requested = sum(1 for outcome in outcomes.values() if outcome == "requested")
+        if cancelled:
+            self.message_user(
+                request,
+                ngettext(
+                    "%d job was cancelled; it is listed with the failed jobs.",
+                    "%d jobs were cancelled; they are listed with the failed jobs.",
+                    cancelled,
+                )
+                % cancelled,
+                messages.SUCCESS,
+            )
+        if requested:
+            self.message_user(
+                request,
+                ngettext("%d running job was asked to stop.", "%d running jobs were asked to stop.", requested)
+                % requested
+                + (" They are stopped as at a timeout." if hard else " Each stops when it next checks."),
+                messages.SUCCESS,
+            )
+        if len(outcomes) > cancelled + requested:
+            missing = len(outcomes) - cancelled - requested
+            self.message_user(request, f"{missing} job(s) had finished already.", messages.WARNING)
 
     @admin.action(description="Release expired reservations", permissions=["run"])
     def release_expired(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

@@ -66,6 +66,7 @@ _COLUMNS = (
     "priority",
     "attempts",
     "given_back",
+    "cancel",
     "max_tries",
     "retry_after",
     "timeout",
@@ -169,7 +170,7 @@ def insert_one(new: NewJob) -> Job:
 
 
 def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at: datetime) -> Job:
-    values = (pk, new.queue, new.name, new.payload, new.priority, 0, 0, new.max_tries, new.retry_after, new.timeout)
+    values = (pk, new.queue, new.name, new.payload, new.priority, 0, 0, 0, new.max_tries, new.retry_after, new.timeout)
     return Job.from_db(using, _COLUMNS, (*values, available_at, None, "", created_at))
 
 
@@ -224,9 +225,10 @@ def _build_unnest_insert(connection: BaseDatabaseWrapper) -> str:
         return quote(db_column)
 
     arrays = ", ".join(f"%s::{_array_type(_field(name), connection)}[]" for name in _PER_ROW)
-    names = [*_PER_ROW, "attempts", "given_back", "reserved_at", "reserved_by", "available_at", "created_at"]
+    names = [*_PER_ROW, "attempts", "given_back", "cancel", "reserved_at", "reserved_by", "available_at", "created_at"]
     values = [
         *(f"r.{name}" for name in _PER_ROW),
+        "0",
         "0",
         "0",
         "NULL",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 
 from django.db import DatabaseError
@@ -37,6 +37,9 @@ MIN_INTERVAL = 0.25
 ERROR_RETRY = 1.0
 # Seconds ``stop`` waits for a beat in flight (a connect to a server that is away).
 STOP_WAIT = 5.0
+# A job that runs this many seconds is asked about cancel requests (``Job.cancel``),
+# and again every as many seconds while it runs.
+CANCEL_POLL = 1.0
 # Seconds taken off a reservation's lease when judging whether it may have
 # expired: the claim's reply, and the clocks of two hosts ticking at their rates.
 LEASE_MARGIN = 1.0
@@ -64,6 +67,15 @@ class Heartbeat:
         self.queues = list(queues) if queues is not None else None
         # When the worker's row is next refreshed (monotonic); None: never.
         self._seen_due: float | None = None
+        # The job running now, when it is next asked about a cancel request, and
+        # the requests seen: id -> (attempts, Job.cancel level).
+        self._running: Job | None = None
+        self._cancel_due: float | None = None
+        self._cancels: dict[int, tuple[int, int]] = {}
+        # Called from the heartbeat's thread with the job and the level of a cancel request.
+        self.on_cancel: Callable[[Job, int], None] | None = None
+        # Until when the thread sleeps (monotonic).
+        self._sleep_until = 0.0
         self.beats = 0
         self.lost = 0
         self._lock = threading.Lock()
@@ -100,10 +112,27 @@ class Heartbeat:
             entry = self._held.get(job.pk)
             if entry is not None and entry[0].attempts == job.attempts:
                 del self._held[job.pk]
+        self._cancels.pop(job.pk, None)
 
     def held(self) -> list[Job]:
         with self._lock:
             return [job for job, _ in self._held.values()]
+
+    def running(self, job: Job | None) -> None:
+        """Say which job runs now (None when none): one that runs ``CANCEL_POLL``
+        seconds is asked about cancel requests, so short jobs cost nothing."""
+        due = time.monotonic() + CANCEL_POLL if job is not None else None
+        with self._lock:
+            self._running = job
+            self._cancel_due = due
+        # The thread already wakes before then for an earlier job: no wake-up per job.
+        if due is not None and self._thread is not None and due < self._sleep_until:
+            self._wake.set()
+
+    def cancel_level(self, job: Job) -> int:
+        """The cancel request seen for this reservation of ``job`` (``Job.cancel``), 0 if none."""
+        attempts, level = self._cancels.get(job.pk, (-1, 0))
+        return level if attempts == job.attempts else 0
 
     def lease_safe(self, job: Job) -> bool:
         """Tell whether this reservation of ``job`` cannot have expired yet.
@@ -155,9 +184,8 @@ class Heartbeat:
         """Monotonic time of the next beat, None when nothing is held (and no row is kept fresh)."""
         with self._lock:
             self._due = min((fresh + self._interval(job) for job, fresh in self._held.values()), default=None)
-            if self._seen_due is not None and (self._due is None or self._seen_due < self._due):
-                return self._seen_due
-            return self._due
+            chores = [due for due in (self._seen_due, self._cancel_due) if due is not None]
+            return min([*chores, self._due] if self._due is not None else chores, default=None)
 
     def _run(self) -> None:
         connected = False
@@ -166,6 +194,7 @@ class Heartbeat:
                 due = self._next_beat()
                 if due is None or due > time.monotonic():
                     # Woken early by a hold (a shorter interval may be due sooner) or a stop.
+                    self._sleep_until = float("inf") if due is None else due
                     self._wake.wait(None if due is None else due - time.monotonic())
                     self._wake.clear()
                     continue
@@ -183,6 +212,8 @@ class Heartbeat:
             except DatabaseError as exc:
                 logger.warning("worker row not refreshed worker_id=%s: %s", self.worker_id, exc)
                 drop_connection()
+        if self._cancel_due is not None and self._cancel_due <= time.monotonic():
+            self._poll_cancel()
         if self._due is None or self._due > time.monotonic():
             return
         jobs = self.held()
@@ -215,6 +246,24 @@ class Heartbeat:
                         job.attempts,
                         self.worker_id,
                     )
+
+    def _poll_cancel(self) -> None:
+        with self._lock:
+            job = self._running
+            self._cancel_due = time.monotonic() + CANCEL_POLL if job is not None else None
+        if job is None:
+            return
+        try:
+            level = Job.objects.cancel_requests([job]).get(job.pk, 0)
+        except DatabaseError as exc:
+            logger.warning("cancel requests not read worker_id=%s: %s", self.worker_id, exc)
+            drop_connection()
+            return
+        if level and self.cancel_level(job) < level:
+            self._cancels[job.pk] = (job.attempts, level)
+            logger.info("cancel requested job=%s id=%s attempt=%s hard=%s", job.name, job.pk, job.attempts, level > 1)
+            if self.on_cancel is not None:
+                self.on_cancel(job, level)
 
     def _retry_soon(self, jobs: list[Job]) -> None:
         """Make the next beat come ``ERROR_RETRY`` seconds from now (or sooner if due sooner)."""

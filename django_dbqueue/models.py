@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import connections, models, transaction
 from django.db.models import F, Q
+from django.db.models.functions import Greatest
 
 from . import conf
 from .db import DbNow, alias, claims_with_skip_locked, read_back
@@ -383,6 +384,43 @@ class JobManager(models.Manager["Job"]):
             read_back(failed, "failed_at")
             return failed
 
+    # -- cancel --------------------------------------------------------------
+
+    def cancel(self, job_id: int, *, hard: bool = False, reason: str = "") -> str:
+        """Cancel a job: ``"cancelled"`` if nobody held it (it moved to ``FailedJob``
+        as cancelled, in one transaction, a chain's remaining steps with it),
+        ``"requested"`` if a worker holds it (the worker stops it: when it next
+        checks, or with ``hard`` at once, as at a timeout), ``"missing"`` if there is
+        no such row (finished, failed, or never enqueued).
+        """
+        queryset = self.get_queryset()
+        level = CANCEL_HARD if hard else CANCEL
+        # Twice at most: a claim between the read and the write (SQLite takes no row
+        # lock) makes the compare-and-set miss, and the job is then a running one.
+        for _ in range(2):
+            with transaction.atomic(using=queryset.db):
+                job = queryset.filter(pk=job_id).select_for_update().first()
+                if job is None:
+                    return "missing"
+                if job.reserved_at is None:
+                    error = f"{job.name} (job {job.pk}) was cancelled before it ran{f': {reason}' if reason else '.'}"
+                    if self.fail(job, error=error, exception_class=CANCELLED_CLASS) is not None:
+                        return "cancelled"
+                    continue
+                if queryset.held(job).filter(reserved_at__isnull=False).update(cancel=Greatest(F("cancel"), level)):
+                    return "requested"
+        return "missing"
+
+    def cancel_requests(self, jobs: Sequence[Job]) -> dict[int, int]:
+        """The cancel requests among these reservations: ``{id: CANCEL or CANCEL_HARD}``."""
+        if not jobs:
+            return {}
+        return dict(
+            self.get_queryset()
+            .filter(_held_by_reservation(jobs), cancel__gt=NO_CANCEL)
+            .values_list("pk", "cancel")
+        )
+
     # -- reclaim -----------------------------------------------------------
 
     def expired(self) -> list[Job]:
@@ -599,6 +637,11 @@ def _after(delay: float) -> Any:
     return DbNow() + timedelta(seconds=delay)
 
 
+# Values of ``Job.cancel``.
+NO_CANCEL, CANCEL, CANCEL_HARD = 0, 1, 2
+CANCELLED_CLASS = "django_dbqueue.exceptions.JobCancelled"
+
+
 class Job(models.Model):
     """A job waiting, delayed or reserved. Finished jobs are deleted."""
 
@@ -614,6 +657,10 @@ class Job(models.Model):
     # (a stopping worker), or ended by the loss of the database connection, not
     # by the job. The tries checks count ``attempts - given_back``.
     given_back = models.PositiveIntegerField(default=0, db_default=0)
+    # A request to cancel the job while a worker holds it (``Job.objects.cancel``):
+    # NO_CANCEL, CANCEL (the job stops when it next checks) or CANCEL_HARD (the
+    # worker stops it as at a timeout). A job nobody holds is cancelled at once.
+    cancel = models.PositiveSmallIntegerField(default=0, db_default=0)
     # None: the worker's --tries (or DBQUEUE["TRIES"]) applies.
     max_tries = models.PositiveSmallIntegerField(null=True, blank=True)
     # Stored per row so any worker can tell when a reservation has expired.
@@ -654,6 +701,7 @@ class Job(models.Model):
                 name="dbqueue_job_priority_range",
             ),
         ]
+        permissions = [("cancel_job", "Can cancel jobs, waiting or running")]
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk}"
@@ -665,6 +713,45 @@ class Job(models.Model):
     def tries_spent(self) -> int:
         """Reservations that count against the job's tries."""
         return self.attempts - self.given_back
+
+
+# Result store records of ``@job`` jobs (``TaskResultRecord``): their key, their
+# ``backend`` (tasks name theirs), and the status of a job retried from FailedJob,
+# whose ``job_id`` names the new run.
+JOB_RECORDS = ""
+RETRIED = "retried"
+
+
+def record_id(job_id: int) -> str:
+    """The result store's key for a ``@job`` job."""
+    return f"job:{job_id}"
+
+
+def _retry_pointers(retried: list[tuple[int, Job]]) -> None:
+    """Point the records of failed jobs just retried (old id, new row) at their new runs."""
+    records = []
+    for old_id, job in retried:
+        if job.pk is None:  # MySQL (not MariaDB) returns no ids from a bulk insert
+            continue
+        records.append(
+            TaskResultRecord(
+                id=record_id(old_id),
+                task_path=job.name,
+                backend=JOB_RECORDS,
+                queue=job.queue,
+                priority=job.priority,
+                status=RETRIED,
+                job_id=job.pk,
+                enqueued_at=job.created_at if not hasattr(job.created_at, "resolve_expression") else DbNow(),
+                finished_at=DbNow(),
+            )
+        )
+    if not records:
+        return
+    ids = [record.pk for record in records]
+    # Replace the records of earlier runs (their results belong to the failed run).
+    TaskResultRecord.objects.filter(pk__in=ids).delete()
+    TaskResultRecord.objects.bulk_create(records)
 
 
 class FailedJobQuerySet(models.QuerySet["FailedJob"]):
@@ -689,6 +776,8 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
                 ]
             )
             FailedJob.objects.using(self.db).filter(pk__in=[row.pk for row in failed]).delete()
+            # A handle of the failed id follows the job to its new run.
+            _retry_pointers([(row.job_id, job) for row, job in zip(failed, jobs, strict=True)])
         from .signals import job_enqueued
 
         for job in jobs:

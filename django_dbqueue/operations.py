@@ -148,6 +148,12 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
     return rows
 
 
+def cancel_jobs(ids: Iterable[int], *, hard: bool = False, reason: str = "") -> dict[int, str]:
+    """Cancel jobs by id; return each id's outcome (see ``JobManager.cancel``): ``cancelled``,
+    ``requested``, or ``missing`` (no such job is waiting or running)."""
+    return {pk: Job.objects.cancel(pk, hard=hard, reason=reason) for pk in dict.fromkeys(ids)}
+
+
 def run_now(jobs: QuerySet[Job]) -> int:
     """Make unreserved jobs available at once; return how many."""
     return jobs.filter(reserved_at__isnull=True).update(available_at=DbNow())

@@ -14,7 +14,6 @@ import logging
 import traceback
 import uuid
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -35,13 +34,14 @@ from .checks import CLAIM_VENDORS
 from .db import DbNow, alias, read_back
 from .errors import clean
 from .exceptions import JobNotRegistered, PayloadError, WorkerStopped
+from .handles import TASKS_JOB
 from .models import FailedJob, Job, TaskResultRecord
 from .registry import JobContext, job
 from .signals import job_enqueued
 
 logger = logging.getLogger("django_dbqueue")
 
-RUN_TASK = "django_dbqueue.run_task"
+RUN_TASK = TASKS_JOB
 OPTION_KEYS = ("TRIES", "RETRY_AFTER", "TIMEOUT", "BACKOFF")
 
 if TYPE_CHECKING:
@@ -311,6 +311,7 @@ def _follow_retried_job(sender: Any, job: Job, **kwargs: Any) -> None:
 
 
 def prune_results(hours: float) -> int:
-    """Delete finished task results older than ``hours``; return how many."""
-    deleted, _ = TaskResultRecord.objects.filter(finished_at__lt=DbNow() - timedelta(hours=hours)).delete()
-    return deleted
+    """Delete finished results (of tasks and of jobs) older than ``hours``; return how many."""
+    from .handles import prune_results as prune
+
+    return prune(hours)

@@ -19,10 +19,10 @@ from datetime import datetime
 from types import FrameType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
-from . import chains, conf, progress, signals, workers
-from .db import caused_by_lost_connection, drop_connection, is_connection_error, watch_network
+from . import chains, conf, handles, progress, signals, workers
+from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
 from .exceptions import WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute
 from .heartbeat import Heartbeat
@@ -227,7 +227,7 @@ class Worker:
         self._pruned = time.monotonic()
         for setting, what, prune in (
             ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
-            ("RESULT_MAX_AGE", "task results", _prune_results),
+            ("RESULT_MAX_AGE", "results", handles.prune_results),
             (None, "worker rows", lambda hours: workers.prune(hours * 3600)),
         ):
             max_age = conf.get(setting) if setting is not None else workers.PRUNE_AFTER / 3600
@@ -363,7 +363,8 @@ class Worker:
         duration = outcome.duration
         self._average_run = duration if self._average_run is None else 0.8 * self._average_run + 0.2 * duration
         follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
-        if outcome.status == "succeeded" and not follow_ups:
+        keep = handles.keeps_result(job.name)
+        if outcome.status == "succeeded" and not follow_ups and not keep:
             if not self._done:
                 self._done_since = time.monotonic()
             self._done.append((job, outcome))
@@ -371,7 +372,7 @@ class Worker:
             if self._prefetched and time.monotonic() - self._done_since >= self.options.batch_window:
                 self._finish_done()
             return outcome
-        stored, failed_job = self._store(job, outcome, follow_ups)
+        stored, failed_job = self._store(job, outcome, follow_ups, keep=keep)
         self.heartbeat.drop(job)
         self._after_store(job, outcome, stored, failed_job)
         return outcome
@@ -465,13 +466,33 @@ class Worker:
         finally:
             self.in_job = False
 
-    def _store(self, job: Job, outcome: Outcome, follow_ups: list[Job]) -> tuple[bool | None, FailedJob | None]:
-        """Store the outcome with the rows that follow it, retrying while the database
-        is away; None if it never could."""
+    def _store(
+        self, job: Job, outcome: Outcome, follow_ups: list[Job], *, keep: bool = False
+    ) -> tuple[bool | None, FailedJob | None]:
+        """Store the outcome with the rows that follow it (and, with ``keep``, its result
+        record, in the same transaction), retrying while the database is away; None if
+        it never could."""
         failed_job = None
         tries = 0
 
         def store() -> bool:
+            if not keep:
+                return change()
+            record = handles.outcome_record(
+                job,
+                status={"succeeded": "succeeded", "failed": "failed"}.get(outcome.status, "waiting"),
+                worker_id=self.worker_id,
+                result=outcome.result,
+                error="" if outcome.given_back else outcome.error,
+                exception_class="" if outcome.given_back else outcome.exception_class,
+            )
+            with transaction.atomic(using=alias()):
+                stored = change()
+                if stored:
+                    record.save(using=alias())
+            return stored
+
+        def change() -> bool:
             nonlocal failed_job, tries
             tries += 1
             if outcome.status == "succeeded":
@@ -651,17 +672,6 @@ class Worker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-
-
-def _prune_results(hours: float) -> int:
-    """Delete old django.tasks results (Django 6 only; there are none before)."""
-    import django
-
-    if django.VERSION < (6, 0):
-        return 0
-    from .tasks import prune_results
-
-    return prune_results(hours)
 
 
 def _send(signal_: Any, **kwargs: Any) -> None:

@@ -259,7 +259,7 @@ def test_queue_prune_results_deletes_old_finished_results(capsys):
     tasks.add_numbers.enqueue(3, 4)
     call_command("queue_prune_results", "--hours", "2")
     assert TaskResultRecord.objects.count() == 1
-    assert "Deleted 1 task result" in capsys.readouterr().out
+    assert "Deleted 1 result" in capsys.readouterr().out
 
 
 @pytest.mark.acceptance

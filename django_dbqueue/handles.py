@@ -1,0 +1,269 @@
+"""Job handles: what ``enqueue`` returns, and what any process can look up by a job's id.
+
+A job's status is read from where the job is: its row (waiting, delayed,
+running), its ``FailedJob`` row (failed), or, once the row is gone, its record
+in the result store (``TaskResultRecord``, the store the ``django.tasks`` backend
+uses too). Without a record, a job whose row is gone succeeded: jobs are deleted
+when they succeed. A record is written only when the job keeps its result
+(``@job(results=True)`` or ``DBQUEUE["RESULTS"]``), and when a failed job is
+retried: the retry runs under a new id, and the old id's record points to it, so
+a handle follows its job through retries.
+
+| status | who puts a job there |
+| --- | --- |
+| waiting | ``enqueue``; a release or a reclaim whose delay is over |
+| delayed | ``enqueue`` with a delay; a release with a backoff; a snooze |
+| running | the claim (``Job.objects.reserve_many``); it stays running until its outcome is stored |
+| succeeded | the worker's delete of the row (``delete_reserved``, ``delete_many_reserved``) |
+| failed | ``Job.objects.fail`` (the worker, the reclaim of an expired reservation, the supervisor) |
+| cancelled | ``Job.objects.cancel`` for a job nobody holds; the worker, for a running job asked to stop |
+
+Failed and cancelled jobs are ``FailedJob`` rows (a cancelled one with the
+exception class ``JobCancelled``); retrying one from there makes it waiting again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from . import conf, payload, registry
+from .db import DbNow
+from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
+
+# A handle follows at most this many retries from FailedJob.
+MAX_RETRIES_FOLLOWED = 100
+
+
+class JobStatus(enum.StrEnum):
+    WAITING = "waiting"
+    DELAYED = "delayed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+@dataclasses.dataclass(eq=False)
+class JobHandle:
+    """A job as its caller follows it: its status now, and its result once kept.
+
+    ``id`` is the id the job was enqueued with; ``job_id`` the id of the row that
+    runs it now (another after a retry from ``FailedJob``). ``result``,
+    ``errors`` (one per failed attempt: ``attempt``, ``exception_class``,
+    ``traceback``) and ``finished_at`` are filled when the job keeps its result.
+    ``job`` is the row as enqueued (on the handle ``enqueue`` returns).
+    """
+
+    id: int
+    name: str = ""
+    queue: str = ""
+    status: JobStatus = JobStatus.WAITING
+    job_id: int | None = None
+    errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    finished_at: Any = None
+    job: Job | None = dataclasses.field(default=None, repr=False)
+    _result: Any = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.job_id is None:
+            self.job_id = self.id
+
+    @property
+    def pk(self) -> int:
+        return self.id
+
+    @property
+    def finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def result(self) -> Any:
+        """The job's return value, decoded, if it kept its result and succeeded; else None."""
+        return _decode_value(self._result)
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobHandle:
+        """The handle of a row just enqueued."""
+        delayed = job.available_at is not None and job.created_at is not None and job.available_at > job.created_at
+        return cls(
+            id=job.pk,
+            name=job.name,
+            queue=job.queue,
+            status=JobStatus.DELAYED if delayed else JobStatus.WAITING,
+            job=job,
+        )
+
+    @classmethod
+    def get(cls, job_id: int) -> JobHandle:
+        """Look up the job enqueued with ``job_id``, from any process."""
+        handle = cls(id=int(job_id))
+        handle.refresh()
+        return handle
+
+    @classmethod
+    async def aget(cls, job_id: int) -> JobHandle:
+        handle: JobHandle = await sync_to_async(cls.get)(job_id)
+        return handle
+
+    def refresh(self) -> None:
+        """Read the job's status (and kept result) again."""
+        current = self.id
+        for _ in range(MAX_RETRIES_FOLLOWED):
+            self.job_id = current
+            row = (
+                Job.objects.filter(pk=current)
+                .annotate(clock=DbNow())
+                .values("name", "queue", "reserved_at", "available_at", "clock")
+                .first()
+            )
+            if row is not None:
+                self.name, self.queue = row["name"], row["queue"]
+                if row["reserved_at"] is not None:
+                    self.status = JobStatus.RUNNING
+                elif row["available_at"] > row["clock"]:
+                    self.status = JobStatus.DELAYED
+                else:
+                    self.status = JobStatus.WAITING
+                return
+            failed = (
+                FailedJob.objects.filter(job_id=current)
+                .order_by("-id")
+                .values("name", "queue", "failed_at", "exception_class")
+                .first()
+            )
+            record = TaskResultRecord.objects.filter(pk=record_id(current)).first()
+            if record is not None and record.status == RETRIED and record.job_id is not None and failed is None:
+                current = record.job_id
+                continue
+            if record is not None:
+                self.name, self.queue = record.task_path, record.queue
+                self.errors = list(record.errors)
+                self.finished_at = record.finished_at
+                self._result = record.return_value
+            if failed is not None:
+                self.name, self.queue = failed["name"], failed["queue"]
+                cancelled = failed["exception_class"] == CANCELLED_CLASS
+                self.status = JobStatus.CANCELLED if cancelled else JobStatus.FAILED
+                self.finished_at = failed["failed_at"]
+            elif record is not None and record.status == JobStatus.FAILED:
+                self.status = JobStatus.FAILED
+            else:
+                # The row is gone without failing: deleted when it succeeded.
+                self.status = JobStatus.SUCCEEDED
+            return
+
+    async def arefresh(self) -> None:
+        await sync_to_async(self.refresh)()
+
+    def cancel(self, *, hard: bool = False, reason: str = "") -> bool:
+        """Cancel the job; return False if it had finished. A waiting or delayed job is
+        cancelled at once; a running one is asked to stop (``hard``: stopped as at a
+        timeout) and is ``running`` until it has."""
+        self.refresh()
+        if self.finished or self.job_id is None:
+            return False
+        outcome = Job.objects.cancel(self.job_id, hard=hard, reason=reason)
+        self.refresh()
+        return outcome != "missing"
+
+    async def acancel(self, *, hard: bool = False, reason: str = "") -> bool:
+        cancelled: bool = await sync_to_async(self.cancel)(hard=hard, reason=reason)
+        return cancelled
+
+
+def get_job(job_id: int) -> JobHandle:
+    """Return the handle of the job enqueued with ``job_id``; see ``JobHandle``."""
+    return JobHandle.get(job_id)
+
+
+async def aget_job(job_id: int) -> JobHandle:
+    return await JobHandle.aget(job_id)
+
+
+def _decode_value(value: Any) -> Any:
+    if value is None:
+        return None
+    # Stored with the arguments' encoder: tags for dates, decimals, model references.
+    envelope = payload.decode(json.dumps({"args": [value], "kwargs": {}}))
+    args, _ = payload.arguments(envelope)
+    return args[0]
+
+
+def encode_result(value: Any) -> tuple[Any, str | None]:
+    """The JSON data a job's return value is kept as, and None; or None and why it cannot be."""
+    try:
+        return payload.encode_arguments((value,), {})["args"][0], None
+    except TypeError as exc:
+        return None, f"the return value was not kept: {exc}".replace("argument 0 (args[0])", "the return value")
+
+
+# The job that runs django.tasks tasks keeps its result in the task's own record.
+TASKS_JOB = "django_dbqueue.run_task"
+
+
+def keeps_result(name: str) -> bool:
+    """Whether jobs named ``name`` keep their results: the job's ``results`` option, else ``DBQUEUE["RESULTS"]``."""
+    if name == TASKS_JOB:
+        return False
+    definition = registry.all_definitions().get(name)
+    chosen = getattr(definition, "results", None) if definition is not None else None
+    return bool(conf.get("RESULTS") if chosen is None else chosen)
+
+
+def outcome_record(
+    job: Job,
+    *,
+    status: str,
+    worker_id: str,
+    result: Any = None,
+    error: str = "",
+    exception_class: str = "",
+) -> TaskResultRecord:
+    """The result store's row for ``job`` after this attempt, to save with its outcome.
+
+    ``status`` is ``succeeded``, ``failed``, or ``waiting`` for an attempt that
+    failed and will run again; each failed attempt adds to ``errors``.
+    """
+    record = TaskResultRecord.objects.filter(pk=record_id(job.pk)).first() or TaskResultRecord(
+        id=record_id(job.pk),
+        task_path=job.name,
+        backend=JOB_RECORDS,
+        queue=job.queue,
+        priority=job.priority,
+        enqueued_at=job.created_at,
+        job_id=job.pk,
+    )
+    record.status = status
+    record.worker_ids = [*record.worker_ids, worker_id]
+    record.last_attempted_at = DbNow()
+    if error:
+        record.errors = [
+            *record.errors,
+            {"attempt": job.attempts, "exception_class": exception_class, "traceback": error},
+        ]
+    if status == JobStatus.SUCCEEDED:
+        record.return_value, note = encode_result(result)
+        if note is not None:
+            record.errors = [
+                *record.errors,
+                {"attempt": job.attempts, "exception_class": "TypeError", "traceback": note},
+            ]
+    if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        record.finished_at = DbNow()
+    return record
+
+
+def prune_results(hours: float) -> int:
+    """Delete kept results (of jobs and of django.tasks tasks) finished more than ``hours`` ago; return how many."""
+    deleted, _ = TaskResultRecord.objects.filter(finished_at__lt=DbNow() - timedelta(hours=hours)).delete()
+    return deleted
