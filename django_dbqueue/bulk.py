@@ -67,6 +67,7 @@ _COLUMNS = (
     "attempts",
     "given_back",
     "cancel",
+    "exceptions",
     "max_tries",
     "retry_after",
     "timeout",
@@ -170,7 +171,20 @@ def insert_one(new: NewJob) -> Job:
 
 
 def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at: datetime) -> Job:
-    values = (pk, new.queue, new.name, new.payload, new.priority, 0, 0, 0, new.max_tries, new.retry_after, new.timeout)
+    values = (
+        pk,
+        new.queue,
+        new.name,
+        new.payload,
+        new.priority,
+        0,
+        0,
+        0,
+        0,
+        new.max_tries,
+        new.retry_after,
+        new.timeout,
+    )
     return Job.from_db(using, _COLUMNS, (*values, available_at, None, "", created_at))
 
 
@@ -225,12 +239,14 @@ def _build_unnest_insert(connection: BaseDatabaseWrapper) -> str:
         return quote(db_column)
 
     arrays = ", ".join(f"%s::{_array_type(_field(name), connection)}[]" for name in _PER_ROW)
-    names = [*_PER_ROW, "attempts", "given_back", "cancel", "reserved_at", "reserved_by", "available_at", "created_at"]
+    names = [
+        *_PER_ROW,
+        *("attempts", "given_back", "cancel", "exceptions"),
+        *("reserved_at", "reserved_by", "available_at", "created_at"),
+    ]
     values = [
         *(f"r.{name}" for name in _PER_ROW),
-        "0",
-        "0",
-        "0",
+        *("0", "0", "0", "0"),
         "NULL",
         "''",
         "statement_timestamp() + make_interval(secs => r.delay)",

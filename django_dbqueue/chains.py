@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import conf, payload, validation
 from .bulk import NewJob
@@ -25,6 +25,9 @@ from .exceptions import PayloadError, UnknownQueue
 from .models import Job
 from .registry import JobCall, JobDefinition, _load_database_times
 from .signals import job_enqueued
+
+if TYPE_CHECKING:
+    from .handles import JobHandle
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -57,6 +60,9 @@ def new_job(
         envelope["on_failure"] = on_failure
     if chain:
         envelope["chain"] = chain
+    for key in ("retry_until", "max_exceptions"):
+        if step.get(key) is not None:
+            envelope[key] = step[key]
     text = payload.dumps(envelope)
     if check:
         # The steps that follow are checked now too: a follow-up is enqueued when
@@ -133,8 +139,8 @@ class Chain:
         """Return this chain with a job to enqueue if a step fails for good."""
         return dataclasses.replace(self, failure_callback=_as_call(call))
 
-    def enqueue(self) -> Job:
-        """Store the first step; each next one is enqueued when the one before succeeds."""
+    def enqueue(self) -> JobHandle:
+        """Store the first step and return its handle; each next one is enqueued when the one before succeeds."""
         steps = [call.to_step() for call in self.steps]
         job = build_row(
             steps[0],
@@ -146,7 +152,9 @@ class Chain:
         job.save(force_insert=True, using=job._state.db)
         _load_database_times([job])
         job_enqueued.send_robust(sender=Chain, job=job)
-        return job
+        from .handles import JobHandle
+
+        return JobHandle.from_job(job)
 
 
 def chain(*calls: JobCall | JobDefinition[..., Any]) -> Chain:

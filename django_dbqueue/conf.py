@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     # Hours after which idle workers delete finished django.tasks results; None
     # keeps them (prune with ``queue_prune_results``).
     "RESULT_MAX_AGE": None,
+    # Keep every job's return value and errors in the result store (a job's
+    # ``@job(results=...)`` overrides it); pruned after RESULT_MAX_AGE hours.
+    "RESULTS": False,
     # Seconds a progress token (``progress.progress_token``) stays valid.
     "PROGRESS_TOKEN_MAX_AGE": 86400,
     # Serve the last line of a failed job's error in the progress view. Off:

@@ -60,6 +60,16 @@ class JobTimeout(BaseException):
     """
 
 
+class JobCancelled(BaseException):
+    """Raised inside a running job that was cancelled: by ``context.check_cancelled()``
+    and ``context.progress()`` after a cancel request, or at once for a hard cancel.
+
+    A BaseException, like JobTimeout, so a job's ``except Exception`` does not
+    swallow it. The job moves to ``FailedJob`` as cancelled; no retry, and no
+    ``on_failure`` callback.
+    """
+
+
 class Snooze(BaseException):
     """Raised by a job to run again after ``seconds`` without spending one of its tries.
 
@@ -93,4 +103,4 @@ class WorkerStopped(BaseException):
 
 
 # Errors that running the job again cannot fix: the job fails at once.
-PERMANENT_ERRORS: tuple[type[BaseException], ...] = (JobNotRegistered, PayloadError)
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (JobNotRegistered, PayloadError, JobCancelled)

@@ -56,6 +56,8 @@ class Outcome:
     tracker: Tracker | None = None
     # A release that spends no try: the job snoozed, or its database connection broke under it.
     given_back: bool = False
+    # A release after the job raised: it counts towards the job's max_exceptions.
+    counts_exception: bool = False
 
     @property
     def snoozed(self) -> bool:
@@ -95,6 +97,9 @@ class JobTimer:
         self._entered = False
         # Monotonic time at which the watchdog fires; 0 when it is not armed.
         self._hard_stop_at = 0.0
+        # Inside ``limit`` (a job runs), and an exception another thread asked to raise in it.
+        self._in_job = False
+        self._interrupt: BaseException | None = None
 
     def __enter__(self) -> JobTimer:
         if self.usable:
@@ -110,13 +115,39 @@ class JobTimer:
             self._entered = False
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None and self._in_job:
+            self._armed = False
+            raise interrupt
         if self._armed:
             self._armed = False
             raise JobTimeout(f"the job ran longer than its timeout of {self._seconds} s and was stopped")
 
+    def interrupt(self, exc: BaseException) -> bool:
+        """Raise ``exc`` in the running job as soon as it runs Python code, as a timeout
+        would (a hard cancel), and end the process if it is still stuck ``grace``
+        seconds later; callable from any thread. False when no job runs under this timer."""
+        if not self._entered or not self._in_job:
+            return False
+        self._interrupt = exc
+        _hard_stop_later(self.grace + HARD_STOP_SLACK)
+        self._hard_stop_at = time.monotonic() + self.grace + HARD_STOP_SLACK
+        signal.setitimer(signal.ITIMER_REAL, 0.001)
+        return True
+
     @contextmanager
     def limit(self, seconds: int | None) -> Iterator[None]:
         """Stop the code run inside after ``seconds`` (None or 0: no limit)."""
+        self._in_job = True
+        try:
+            with self._limit(seconds):
+                yield
+        finally:
+            self._in_job = False
+            self._interrupt = None
+
+    @contextmanager
+    def _limit(self, seconds: int | None) -> Iterator[None]:
         if not seconds or not self._entered:
             # A watchdog armed for an earlier job must not end this one.
             self.pause()
@@ -196,15 +227,23 @@ def chain_position(envelope: dict[str, Any]) -> tuple[dict[str, Any] | None, int
         raise PayloadError(f"the stored chain position {chain!r} is malformed: {exc}") from exc
 
 
-def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | None = None) -> Outcome:
+def execute(
+    job: Job,
+    *,
+    worker_id: str,
+    defaults: Defaults,
+    timer: JobTimer | None = None,
+    cancel_probe: Callable[[], int] | None = None,
+) -> Outcome:
     """Run ``job`` and return what should happen to it. Never raises for the job's fault.
 
     ``timer`` is the worker's long-lived ``JobTimer``; without one, a timer is
-    set up for this run alone.
+    set up for this run alone. ``cancel_probe`` tells the job's context whether
+    a cancel request was seen.
     """
     if timer is None:
         with JobTimer(defaults.timeout_grace) as own_timer:
-            return execute(job, worker_id=worker_id, defaults=defaults, timer=own_timer)
+            return execute(job, worker_id=worker_id, defaults=defaults, timer=own_timer, cancel_probe=cancel_probe)
     started = time.monotonic()
     tracker = None
     envelope: dict[str, Any] = {}
@@ -217,7 +256,7 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
         # a dozen fields costs about 3 µs, a fifth of a bare run's overhead.
         context = None
         if definition.takes_context:
-            context = _new_context(job, tries, worker_id, tracker, chain, step, steps, args, kwargs)
+            context = _new_context(job, tries, worker_id, tracker, chain, step, steps, args, kwargs, cancel_probe)
             args = (context, *args)
         check_signature(definition, args, kwargs)
     except PERMANENT_ERRORS as exc:
@@ -240,7 +279,9 @@ def execute(job: Job, *, worker_id: str, defaults: Defaults, timer: JobTimer | N
                 stack += middleware.for_job(definition.name, definition.middleware)
             if stack:
                 if context is None:
-                    context = _new_context(job, tries, worker_id, tracker, chain, step, steps, args, kwargs)
+                    context = _new_context(
+                        job, tries, worker_id, tracker, chain, step, steps, args, kwargs, cancel_probe
+                    )
                 result = middleware.run(stack, context, functools.partial(_call, definition.func, args, kwargs))
             else:
                 result = _call(definition.func, args, kwargs)
@@ -277,6 +318,7 @@ def _new_context(
     steps: int,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    cancel_probe: Callable[[], int] | None = None,
 ) -> JobContext:
     return JobContext(
         job_id=job.pk,
@@ -292,6 +334,7 @@ def _new_context(
         given_back=job.given_back,
         args=args,
         kwargs=MappingProxyType(kwargs),
+        cancel_probe=cancel_probe,
     )
 
 
@@ -316,6 +359,15 @@ def _after_error(
     are used or its ``retry_until`` has passed."""
     if job.tries_spent >= tries:
         return _failed(exc, started, _traceback(exc), tracker)
+    max_exceptions = envelope.get("max_exceptions")
+    if isinstance(max_exceptions, int) and job.exceptions + 1 >= max_exceptions:
+        return _failed(
+            exc,
+            started,
+            f"{job.name} (job {job.pk}) is not retried: it raised {job.exceptions + 1} exception(s), "
+            f"its max_exceptions.\n\n{_traceback(exc)}",
+            tracker,
+        )
     deadline = _retry_deadline(job, envelope)
     if deadline is not None and database_now(job, started) >= deadline:
         return _failed(
@@ -336,6 +388,7 @@ def _after_error(
         error=clean(_traceback(exc)),
         delay=delay,
         tracker=tracker,
+        counts_exception=True,
     )
 
 

@@ -331,15 +331,18 @@ class JobManager(models.Manager["Job"]):
                 self.bulk_enqueue(follow_ups)
         return bool(deleted)
 
-    def release(self, job: Job, *, delay: float = 0, give_back: bool = False) -> bool:
+    def release(self, job: Job, *, delay: float = 0, give_back: bool = False, exception: bool = False) -> bool:
         """Put a reserved job back, available after ``delay`` seconds.
 
         ``give_back``: the reservation does not spend one of the job's tries (it
-        never started, or the database connection broke under it).
+        never started, or the database connection broke under it). ``exception``:
+        the attempt ended in an exception (counted for ``max_exceptions``).
         """
         changes: dict[str, Any] = {"reserved_at": None, "reserved_by": "", "available_at": _after(delay)}
         if give_back:
             changes["given_back"] = F("given_back") + 1
+        if exception:
+            changes["exceptions"] = F("exceptions") + 1
         released = bool(self.get_queryset().held(job).update(**changes))
         if released and give_back:
             job.given_back += 1
@@ -404,7 +407,11 @@ class JobManager(models.Manager["Job"]):
                     return "missing"
                 if job.reserved_at is None:
                     error = f"{job.name} (job {job.pk}) was cancelled before it ran{f': {reason}' if reason else '.'}"
-                    if self.fail(job, error=error, exception_class=CANCELLED_CLASS) is not None:
+                    failed = self.fail(job, error=error, exception_class=CANCELLED_CLASS)
+                    if failed is not None:
+                        transaction.on_commit(
+                            functools.partial(_send_cancelled, job.pk, failed), using=queryset.db, robust=True
+                        )
                         return "cancelled"
                     continue
                 if queryset.held(job).filter(reserved_at__isnull=False).update(cancel=Greatest(F("cancel"), level)):
@@ -416,9 +423,7 @@ class JobManager(models.Manager["Job"]):
         if not jobs:
             return {}
         return dict(
-            self.get_queryset()
-            .filter(_held_by_reservation(jobs), cancel__gt=NO_CANCEL)
-            .values_list("pk", "cancel")
+            self.get_queryset().filter(_held_by_reservation(jobs), cancel__gt=NO_CANCEL).values_list("pk", "cancel")
         )
 
     # -- reclaim -----------------------------------------------------------
@@ -624,6 +629,12 @@ def _claim_sql(connection: Any) -> str:
     )
 
 
+def _send_cancelled(job_id: int, failed: FailedJob) -> None:
+    from .signals import job_cancelled
+
+    job_cancelled.send_robust(sender=Job, job_id=job_id, failed_job=failed)
+
+
 def _failure_follow_ups(job: Job) -> list[Job]:
     from .chains import follow_ups
 
@@ -661,6 +672,8 @@ class Job(models.Model):
     # NO_CANCEL, CANCEL (the job stops when it next checks) or CANCEL_HARD (the
     # worker stops it as at a timeout). A job nobody holds is cancelled at once.
     cancel = models.PositiveSmallIntegerField(default=0, db_default=0)
+    # Attempts that ended in an exception and were released (for ``max_exceptions``).
+    exceptions = models.PositiveIntegerField(default=0, db_default=0)
     # None: the worker's --tries (or DBQUEUE["TRIES"]) applies.
     max_tries = models.PositiveSmallIntegerField(null=True, blank=True)
     # Stored per row so any worker can tell when a reservation has expired.

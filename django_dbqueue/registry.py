@@ -13,10 +13,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from . import conf, payload, signals, validation
-from .exceptions import JobNotRegistered, Snooze
+from .exceptions import JobCancelled, JobNotRegistered, Snooze
 
 if TYPE_CHECKING:
     from .bulk import NewJob
+    from .handles import JobHandle
     from .middleware import MiddlewareEntry
     from .models import Job
     from .progress import Tracker
@@ -56,6 +57,22 @@ class JobContext:
     # The call's arguments (without the context), for middleware; read-only.
     args: tuple[Any, ...] = dataclasses.field(default=(), repr=False, compare=False)
     kwargs: Mapping[str, Any] = dataclasses.field(default=MappingProxyType({}), repr=False, compare=False)
+    # The level of a cancel request the worker has seen for this run (0: none).
+    cancel_probe: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Tell whether the job was asked to stop (``JobHandle.cancel``, ``queue_cancel``, the admin).
+
+        The worker learns of a request within about a second of it (a run shorter
+        than that is never asked).
+        """
+        return bool(self.cancel_probe is not None and self.cancel_probe())
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if the job was asked to stop; call it where stopping is safe."""
+        if self.cancel_requested:
+            raise JobCancelled(f"{self.name} (job {self.job_id}) was cancelled while it ran")
 
     @property
     def is_last_attempt(self) -> bool:
@@ -72,7 +89,9 @@ class JobContext:
         return f"chain:{self.chain_id}" if self.chain_id else str(self.job_id)
 
     def progress(self, percent: float, stage: str = "") -> None:
-        """Report progress (0-100, clamped) and a short stage; never raises, never rolled back."""
+        """Report progress (0-100, clamped) and a short stage; never rolled back, and raises
+        only ``JobCancelled``, once the job was asked to stop."""
+        self.check_cancelled()
         if self.tracker is not None:
             self.tracker.report(percent, stage)
 
@@ -98,6 +117,11 @@ class JobDefinition(Generic[P, R]):
     retry_until: RetryUntil | None = None
     # Wrapped around each run, inside DBQUEUE["MIDDLEWARE"]: callables or dotted paths.
     middleware: Sequence[MiddlewareEntry] = ()
+    # Keep the return value and the errors of each attempt (see handles); None: DBQUEUE["RESULTS"].
+    results: bool | None = None
+    # Fail once this many attempts ended in an exception, whatever tries remain (tries
+    # also count reservations lost with their worker); None: no such limit.
+    max_exceptions: int | None = None
 
     def __post_init__(self) -> None:
         # A tuple, so the definition stays hashable and the list passed in can change freely.
@@ -119,6 +143,7 @@ class JobDefinition(Generic[P, R]):
         timeout: int | None = None,
         backoff: Backoff | None = None,
         retry_until: RetryUntil | None = None,
+        max_exceptions: int | None = None,
     ) -> JobDefinition[P, R]:
         """Return a copy with some options changed, for the next enqueue."""
         changes: dict[str, Any] = {
@@ -131,6 +156,7 @@ class JobDefinition(Generic[P, R]):
                 "timeout": timeout,
                 "backoff": backoff,
                 "retry_until": retry_until,
+                "max_exceptions": max_exceptions,
             }.items()
             if value is not None
         }
@@ -142,9 +168,13 @@ class JobDefinition(Generic[P, R]):
         """Return this job with its arguments, ready for ``enqueue_many`` or a chain."""
         return JobCall(self, args, kwargs)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
-        """Store a call of this job; it runs once the surrounding transaction commits."""
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """Store a call of this job and return its handle; it runs once the surrounding transaction commits."""
         return self.bind(*args, **kwargs).enqueue()
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """``enqueue`` from async code (through ``sync_to_async``, on Django's thread for the ORM)."""
+        return await self.bind(*args, **kwargs).aenqueue()
 
     @property
     def effective_queue(self) -> str:
@@ -189,6 +219,8 @@ class JobCall:
         }
         if definition.retry_until is not None:
             step["retry_until"] = retry_deadline(definition.name, definition.retry_until)
+        if definition.max_exceptions is not None:
+            step["max_exceptions"] = definition.max_exceptions
         return step
 
     def to_new_job(self) -> NewJob:
@@ -205,29 +237,37 @@ class JobCall:
         """Return an unsaved ``Job`` row for this call; raise TypeError for a bad argument."""
         return self.to_new_job().to_job()
 
-    def enqueue(self) -> Job:
+    def enqueue(self) -> JobHandle:
         """Store this call (and what follows it); see ``JobDefinition.enqueue``."""
         from .bulk import insert_one
+        from .handles import JobHandle
 
         job = insert_one(self.to_new_job())
         signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
         logger.debug("enqueued job=%s id=%s queue=%s", job.name, job.pk, job.queue)
-        return job
+        return JobHandle.from_job(job)
+
+    async def aenqueue(self) -> JobHandle:
+        from asgiref.sync import sync_to_async
+
+        handle: JobHandle = await sync_to_async(self.enqueue)()
+        return handle
 
 
-def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[Job]:
-    """Store many calls with one INSERT per ``batch_size`` rows, in one transaction.
+def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[JobHandle]:
+    """Store many calls with one INSERT per ``batch_size`` rows, in one transaction; return their handles.
 
     Every argument is checked before anything is inserted. On PostgreSQL,
-    SQLite and MariaDB the returned rows carry their ids and database times.
+    SQLite and MariaDB the handles carry their ids (plain MySQL returns none).
     """
     from .bulk import insert
+    from .handles import JobHandle
 
     jobs = insert([call.to_new_job() for call in calls], batch_size=batch_size)
     if signals.job_enqueued.has_listeners(JobDefinition):
         for job in jobs:
             signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
-    return jobs
+    return [JobHandle.from_job(job) for job in jobs]
 
 
 def _load_database_times(jobs: list[Job]) -> None:
@@ -263,6 +303,17 @@ def _backoff_json(backoff: Backoff | None) -> Any:
 
 def _validate_options(definition: JobDefinition[..., Any]) -> None:
     where = f"job {definition.name!r}"
+    if definition.max_exceptions is not None and (
+        isinstance(definition.max_exceptions, bool)
+        or not isinstance(definition.max_exceptions, int)
+        or not 1 <= definition.max_exceptions <= validation.MAX_TRIES
+    ):
+        raise ImproperlyConfigured(
+            f"{where}: max_exceptions must be an integer from 1 to {validation.MAX_TRIES}, "
+            f"not {definition.max_exceptions!r}"
+        )
+    if definition.results is not None and not isinstance(definition.results, bool):
+        raise ImproperlyConfigured(f"{where}: results must be True, False or None, not {definition.results!r}")
     if definition.queue is not None:
         error = validation.queue_name_error(definition.queue)
         if error is not None:
@@ -378,6 +429,8 @@ def job(
     delay: float = 0,
     retry_until: RetryUntil | None = None,
     middleware: Sequence[MiddlewareEntry] = (),
+    results: bool | None = None,
+    max_exceptions: int | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
 
 
@@ -395,6 +448,8 @@ def job(
     delay: float = 0,
     retry_until: RetryUntil | None = None,
     middleware: Sequence[MiddlewareEntry] = (),
+    results: bool | None = None,
+    max_exceptions: int | None = None,
 ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
 

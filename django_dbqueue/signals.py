@@ -16,3 +16,7 @@ job_succeeded = Signal()
 job_released = Signal()
 # A job moved to FailedJob: ``job``, ``failed_job``, ``worker_id``, ``exception`` (may be None).
 job_failed = Signal()
+# A job was cancelled and moved to FailedJob: ``job_id``, ``failed_job``. Sent for a
+# waiting or delayed job by whoever cancelled it, and for a running one by its worker
+# (which sends ``job_failed`` too, with the ``JobCancelled`` exception).
+job_cancelled = Signal()

@@ -33,11 +33,11 @@ from .chains import build_row
 from .checks import CLAIM_VENDORS
 from .db import DbNow, alias, read_back
 from .errors import clean
-from .exceptions import JobNotRegistered, PayloadError, WorkerStopped
+from .exceptions import JobCancelled, JobNotRegistered, PayloadError, Snooze, WorkerStopped
 from .handles import TASKS_JOB
-from .models import FailedJob, Job, TaskResultRecord
+from .models import CANCELLED_CLASS, FailedJob, Job, TaskResultRecord
 from .registry import JobContext, job
-from .signals import job_enqueued
+from .signals import job_cancelled, job_enqueued
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -269,8 +269,12 @@ def run_task(context: JobContext, result_id: str) -> Any:
     try:
         call_args = (TaskContext(task_result=result), *record.args) if task.takes_context else tuple(record.args)
         value = normalize_json(task.call(*call_args, **record.kwargs))
+    except Snooze:
+        # Put back without spending a try: not an error of the task.
+        raise
     except BaseException as exc:
-        last = not isinstance(exc, WorkerStopped) and context.is_last_attempt
+        # A cancelled task does not run again, whatever its tries.
+        last = isinstance(exc, JobCancelled) or (not isinstance(exc, WorkerStopped) and context.is_last_attempt)
         cls = type(exc)
         record.errors = [
             *record.errors,
@@ -294,6 +298,25 @@ def run_task(context: JobContext, result_id: str) -> Any:
     read_back(record, "finished_at")
     _send(task_finished, to_task_result(record, task))
     return value
+
+
+@receiver(job_cancelled)
+def _cancel_task(sender: Any, job_id: int, failed_job: FailedJob | None = None, **kwargs: Any) -> None:
+    """A task cancelled before it ran: its result is FAILED, with the cancellation as its error
+    (django.tasks has no cancelled status)."""
+    if failed_job is None or failed_job.name != RUN_TASK:
+        return
+    try:
+        result_id = payload.decode(failed_job.payload)["args"][0]
+    except (PayloadError, IndexError, KeyError):
+        return
+    error = {"exception_class_path": CANCELLED_CLASS, "traceback": failed_job.error}
+    record = TaskResultRecord.objects.filter(pk=result_id).first()
+    if record is not None:
+        record.status = TaskResultStatus.FAILED
+        record.errors = [*record.errors, error]
+        record.finished_at = DbNow()
+        record.save(update_fields=["status", "errors", "finished_at"])
 
 
 @receiver(job_enqueued, sender=FailedJob)

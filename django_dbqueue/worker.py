@@ -23,11 +23,11 @@ from django.db import DatabaseError, transaction
 
 from . import chains, conf, handles, progress, signals, workers
 from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
-from .exceptions import WorkerStopped
+from .exceptions import JobCancelled, WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute
 from .heartbeat import Heartbeat
 from .listener import Listener
-from .models import FailedJob, Job
+from .models import CANCEL_HARD, FailedJob, Job
 from .operations import restart_marker
 
 logger = logging.getLogger("django_dbqueue")
@@ -134,6 +134,9 @@ class Worker:
         self._average_run: float | None = None
         self._listener = Listener.configured()
         self.heartbeat = Heartbeat(self.worker_id, queues=options.queues)
+        self.heartbeat.on_cancel = self._on_cancel
+        # The job running now (for a hard cancel from the heartbeat's thread).
+        self._current: Job | None = None
         self._timer = JobTimer(options.defaults.timeout_grace)
 
     # -- the loop ------------------------------------------------------------
@@ -357,7 +360,7 @@ class Worker:
         self.processed += 1
         self.heartbeat.hold([job])
         _send(signals.job_started, job=job, worker_id=self.worker_id)
-        outcome = self._execute(job)
+        outcome = self._cancelled_before(job) if job.cancel else self._execute(job)
         if self._lost_connection(job, outcome):
             outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True)
         duration = outcome.duration
@@ -377,6 +380,18 @@ class Worker:
         self._after_store(job, outcome, stored, failed_job)
         return outcome
 
+    def _cancelled_before(self, job: Job) -> Outcome:
+        """The outcome of a claimed job that carries a cancel request: it was asked to
+        stop while an earlier worker held it, so it does not run again."""
+        exc = JobCancelled(f"{job.name} (job {job.pk}) was cancelled while an earlier worker ran it")
+        return Outcome("failed", 0, exception=exc, error=str(exc))
+
+    def _on_cancel(self, job: Job, level: int) -> None:
+        """Called from the heartbeat's thread when a cancel request for ``job`` is seen."""
+        current = self._current
+        if level >= CANCEL_HARD and current is not None and current.pk == job.pk and current.attempts == job.attempts:
+            self._timer.interrupt(JobCancelled(f"{job.name} (job {job.pk}) was cancelled and stopped (hard)"))
+
     def _lost_connection(self, job: Job, outcome: Outcome) -> bool:
         """Tell whether the job ended because its database connection broke, not by
         its own fault; then it is given back without spending a try, up to
@@ -387,6 +402,8 @@ class Worker:
             return False
         # The job's connection is the worker's: open a fresh one for what follows.
         drop_connection()
+        if outcome.snoozed:
+            return False  # given back already, with the job's own delay
         if job.given_back >= MAX_GIVE_BACKS:
             logger.warning(
                 "lost connection job=%s id=%s attempt=%s: given back %s times already, this one spends a try",
@@ -433,7 +450,7 @@ class Worker:
         if stored:
             self._report(job, outcome, failed_job)
         logger.log(
-            logging.INFO if outcome.status == "succeeded" else logging.WARNING,
+            logging.INFO if outcome.status == "succeeded" or outcome.snoozed else logging.WARNING,
             "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s%s",
             job.name,
             job.pk,
@@ -443,7 +460,7 @@ class Worker:
             outcome.duration,
             f" retry_in={outcome.delay:g}s" if outcome.status == "released" else "",
             f" error={outcome.exception_class}" if outcome.exception is not None else "",
-            " given_back=connection_lost" if outcome.given_back else "",
+            (" snoozed" if outcome.snoozed else " given_back=connection_lost") if outcome.given_back else "",
         )
         if stored is None:
             self._unrecorded.add(job.pk)
@@ -457,13 +474,23 @@ class Worker:
 
     def _execute(self, job: Job) -> Outcome:
         self.in_job = True
+        self._current = job
+        self.heartbeat.running(job)
         try:
             with progress.keep_writer():
-                return execute(job, worker_id=self.worker_id, defaults=self.options.defaults, timer=self._timer)
+                return execute(
+                    job,
+                    worker_id=self.worker_id,
+                    defaults=self.options.defaults,
+                    timer=self._timer,
+                    cancel_probe=lambda: self.heartbeat.cancel_level(job),
+                )
         except WorkerStopped as exc:
             # The second signal came just outside the job's own code.
             return Outcome("released", 0, exception=exc, error=str(exc))
         finally:
+            self.heartbeat.running(None)
+            self._current = None
             self.in_job = False
 
     def _store(
@@ -498,7 +525,9 @@ class Worker:
             if outcome.status == "succeeded":
                 stored = Job.objects.delete_reserved(job, follow_ups=follow_ups)
             elif outcome.status == "released":
-                stored = Job.objects.release(job, delay=outcome.delay, give_back=outcome.given_back)
+                stored = Job.objects.release(
+                    job, delay=outcome.delay, give_back=outcome.given_back, exception=outcome.counts_exception
+                )
             else:
                 failed_job = Job.objects.fail(
                     job, error=outcome.error, exception_class=outcome.exception_class, follow_ups=follow_ups
@@ -540,6 +569,9 @@ class Worker:
         return changed, None
 
     def _follow_ups(self, job: Job, outcome: Outcome) -> list[Job]:
+        if isinstance(outcome.exception, JobCancelled):
+            # A cancelled job runs no on_failure callback; its remaining steps stay in FailedJob.
+            return []
         try:
             return chains.follow_ups(job, succeeded=outcome.status == "succeeded")
         except Exception:  # a row's fault (JSON nested too deep) must not end the worker
@@ -573,6 +605,8 @@ class Worker:
                 delay=outcome.delay,
             )
         else:
+            if isinstance(outcome.exception, JobCancelled):
+                _send(signals.job_cancelled, job_id=job.pk, failed_job=failed_job)
             _send(
                 signals.job_failed,
                 job=job,

@@ -31,13 +31,20 @@ def returned(rows: list[Job]) -> list[dict[str, Any]]:
     return [{name: getattr(job, name) for name in FIELDS} for job in rows]
 
 
+def enqueue_rows(*args: Any, **kwargs: Any) -> list[Job]:
+    """``enqueue_many``, returning the rows its handles carry."""
+    rows = [handle.job for handle in enqueue_many(*args, **kwargs)]
+    assert all(row is not None for row in rows)
+    return rows  # type: ignore[return-value]
+
+
 def inserts(queries: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
 
 
 @pytest.mark.django_db
 def test_the_returned_rows_are_the_stored_rows_with_ids_and_database_times_in_call_order():
-    rows = enqueue_many(jobs.add.bind(i, i) for i in range(30))
+    rows = enqueue_rows(jobs.add.bind(i, i) for i in range(30))
     assert returned(rows) == stored(rows)
     assert [payload.decode(job.payload)["args"] for job in rows] == [[i, i] for i in range(30)]
     assert len({job.pk for job in rows}) == 30
@@ -48,7 +55,7 @@ def test_the_returned_rows_are_the_stored_rows_with_ids_and_database_times_in_ca
 
 @pytest.mark.django_db
 def test_a_delay_makes_a_job_available_that_many_seconds_after_it_was_created():
-    rows = enqueue_many(
+    rows = enqueue_rows(
         [
             jobs.add.bind(1, 1),
             jobs.add.using(delay=30).bind(2, 2),
@@ -68,7 +75,7 @@ def test_a_delay_makes_a_job_available_that_many_seconds_after_it_was_created():
 @pytest.mark.django_db
 def test_queue_priority_and_options_of_each_call_are_stored():
     fast = jobs.record.using(queue="fast", priority=7, tries=5, retry_after=90, timeout=20, backoff=[1, 2])
-    rows = enqueue_many([fast.bind("a"), jobs.record.bind("b"), jobs.fail_with_backoff.using(priority=-3).bind()])
+    rows = enqueue_rows([fast.bind("a"), jobs.record.bind("b"), jobs.fail_with_backoff.using(priority=-3).bind()])
     assert returned(rows) == stored(rows)
     first, second, third = rows
     assert (first.queue, first.priority, first.max_tries, first.retry_after, first.timeout) == ("fast", 7, 5, 90, 20)
@@ -85,7 +92,7 @@ def test_text_that_means_something_to_sql_or_to_array_syntax_is_stored_as_it_is(
     awkward += ["%s", "%(x)s", "$1", "');--"]
     # Queue names are checked at enqueue; job names (text columns like the queue) are not.
     name = "q \"x\", {y} \\ 'z' NULL"
-    rows = enqueue_many(
+    rows = enqueue_rows(
         [jobs.echo.bind(text, key=text) for text in awkward]
         + [dataclasses.replace(jobs.echo, name=name).using(queue="q.x:y-z_1").bind(*awkward)]
     )
@@ -101,7 +108,7 @@ def test_more_rows_than_batch_size_take_one_insert_per_batch_and_keep_their_orde
     # 50 rows of 12 columns stay under SQLite's oldest limit of 999 parameters,
     # which Django 5.2's bulk_create splits batches by.
     with CaptureQueriesContext(connection) as queries:
-        rows = enqueue_many((jobs.add.bind(i, 0) for i in range(120)), batch_size=50)
+        rows = enqueue_rows((jobs.add.bind(i, 0) for i in range(120)), batch_size=50)
     assert len(inserts(queries)) == 3
     assert Job.objects.count() == 120
     assert [payload.decode(job.payload)["args"][0] for job in rows] == list(range(120))
@@ -138,7 +145,7 @@ def test_job_enqueued_is_sent_once_per_job_with_its_saved_row():
 
     signals.job_enqueued.connect(receiver)
     try:
-        rows = enqueue_many(jobs.add.bind(i, i) for i in range(5))
+        rows = enqueue_rows(jobs.add.bind(i, i) for i in range(5))
     finally:
         signals.job_enqueued.disconnect(receiver)
     assert received == [(JobDefinition, job.pk) for job in rows]

@@ -149,14 +149,14 @@ def test_a_callable_retry_until_is_evaluated_at_enqueue_and_stored_in_utc():
         calls.append(1)
         return dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone(dt.timedelta(hours=2)))
 
-    row = jobs.always_fail.using(retry_until=deadline).enqueue("stored")
+    row = jobs.always_fail.using(retry_until=deadline).enqueue("stored").job
     assert calls == [1]
     assert payload.decode(row.payload)["retry_until"] == "2030-01-02T01:04:05+00:00"
 
 
 def test_a_retry_until_timedelta_counts_from_enqueue():
     before = timezone.now()
-    row = jobs.always_fail.using(retry_until=dt.timedelta(minutes=10)).enqueue("relative")
+    row = jobs.always_fail.using(retry_until=dt.timedelta(minutes=10)).enqueue("relative").job
     stored = dt.datetime.fromisoformat(payload.decode(row.payload)["retry_until"])
     assert before + dt.timedelta(minutes=10) <= stored <= timezone.now() + dt.timedelta(minutes=10)
 

@@ -101,7 +101,7 @@ def test_backoff_per_attempt_repeats_the_last_value():
 
 @pytest.mark.django_db
 def test_enqueue_stores_a_row_with_the_options():
-    row = jobs.add.using(queue="high", priority=7, tries=9, retry_after=120, timeout=30).enqueue(1, b=2)
+    row = jobs.add.using(queue="high", priority=7, tries=9, retry_after=120, timeout=30).enqueue(1, b=2).job
     row.refresh_from_db()
     assert (row.queue, row.name, row.priority, row.max_tries, row.retry_after, row.timeout, row.attempts) == (
         "high",
@@ -210,7 +210,7 @@ def test_the_payload_size_counts_utf8_bytes_not_characters():
 
 @pytest.mark.django_db
 def test_a_payload_of_exactly_the_limit_is_accepted_and_one_byte_more_is_refused():
-    row = jobs.record.enqueue("y" * 1000)
+    row = jobs.record.enqueue("y" * 1000).job
     limit = len(row.payload)
     Job.objects.all().delete()
     with dbqueue(MAX_PAYLOAD_SIZE=limit):

@@ -112,7 +112,7 @@ def test_release_makes_the_job_available_after_its_delay():
 
 
 def test_fail_moves_the_job_to_failed_job_in_one_transaction():
-    row = jobs.add.enqueue(1, 2)
+    row = jobs.add.enqueue(1, 2).job
     job = Job.objects.reserve(["default"])
     failed = Job.objects.fail(job, error="Traceback...\nValueError: no", exception_class="builtins.ValueError")
     assert failed is not None

@@ -1,5 +1,6 @@
 """Jobs used by the tests; found by autodiscovery like any app's jobs.py."""
 
+import datetime as dt
 import os
 import time
 
@@ -312,3 +313,50 @@ def log_line(key: str) -> None:
     import logging
 
     logging.getLogger("tests.jobs").warning("inside key=%s", key)
+
+
+# -- handles, results and cancel (tests/test_handles.py) ------------------------------
+
+
+@job(results=True)
+def keep_result(x: int) -> dict[str, object]:
+    return {"x": x, "when": dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)}
+
+
+@job(results=True, takes_context=True, tries=3)
+def keep_after_one_failure(context: JobContext, key: str) -> str:
+    if context.attempt == 1:
+        raise ValueError(f"{key}: first attempt fails")
+    return f"{key} done"
+
+
+@job(results=True)
+def keep_a_set() -> set[int]:
+    return {1, 2}
+
+
+@job(takes_context=True, tries=3, timeout=60, retry_after=90)
+def report_until_cancelled(context: JobContext, key: str) -> None:
+    """Reports progress every 0.1 s for up to 30 s; a cancel request stops it at the next report."""
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    for i in range(300):
+        context.progress(i / 3, "working")
+        time.sleep(0.1)
+    Run.objects.create(key=key)
+
+
+@job(tries=3, timeout=60, retry_after=90)
+def ignore_cancel(key: str, seconds: float) -> None:
+    """Never checks for a cancel request: only a hard cancel stops it."""
+    Attempt.objects.create(key=key, attempt=0)
+    time.sleep(seconds)
+    Run.objects.create(key=key)
+
+
+@job(takes_context=True, tries=10, max_exceptions=2)
+def snooze_then_raise(context: JobContext, key: str) -> None:
+    """Snoozes on odd attempts and raises on even ones: only the exceptions count."""
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    if context.attempt % 2:
+        context.snooze(0)
+    raise RuntimeError(f"{key}: attempt {context.attempt} fails")
