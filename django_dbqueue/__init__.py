@@ -2,14 +2,26 @@
 
 from typing import Any
 
-from .exceptions import JobNotRegistered, JobTimeout, PayloadError, PayloadTooLarge, Snooze, UnknownQueue
+from .exceptions import (
+    JobCancelled,
+    JobNotRegistered,
+    JobTimeout,
+    PayloadError,
+    PayloadTooLarge,
+    Snooze,
+    UnknownQueue,
+)
 from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
 
 # Names whose modules import the models: loaded on first use, so importing
 # ``django_dbqueue`` (for ``@job``) works before the app registry is ready.
 _LAZY = {
     "Chain": "chains",
+    "JobHandle": "handles",
+    "JobStatus": "handles",
+    "aget_job": "handles",
     "chain": "chains",
+    "get_job": "handles",
     "get_progress": "progress",
     "progress_token": "progress",
     "set_progress": "progress",
@@ -18,16 +30,21 @@ _LAZY = {
 __all__ = [
     "Chain",
     "JobCall",
+    "JobCancelled",
     "JobContext",
     "JobDefinition",
+    "JobHandle",
     "JobNotRegistered",
+    "JobStatus",
     "JobTimeout",
     "PayloadError",
     "PayloadTooLarge",
     "Snooze",
     "UnknownQueue",
+    "aget_job",
     "chain",
     "enqueue_many",
+    "get_job",
     "get_progress",
     "job",
     "progress_token",

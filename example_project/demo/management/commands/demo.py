@@ -16,6 +16,7 @@ from django.db import transaction
 from demo import jobs
 from demo.models import Order
 from django_dbqueue import signals
+from django_dbqueue.handles import JobHandle
 from django_dbqueue.models import FailedJob, Job
 
 EXPECTED_TO_FAIL = {jobs.notify_warehouse.name}
@@ -59,7 +60,7 @@ class Command(BaseCommand):
 
         self.report(results, order)
 
-    def enqueue(self, report_seconds: float) -> tuple[Order, list[Job]]:
+    def enqueue(self, report_seconds: float) -> tuple[Order, list[JobHandle]]:
         """Create an order and enqueue one job per feature, all in one transaction."""
         with transaction.atomic():
             order = Order.objects.create(

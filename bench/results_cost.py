@@ -1,0 +1,96 @@
+"""What keeping results costs a worker, and what handles cost when results are off.
+
+Drains the same no-op jobs with one ``queue_work --batch 10`` process on
+PostgreSQL, from each code tree given (e.g. a checkout of the commit before job
+handles, and this one), with results off, and with results on for trees that
+have them; variants alternate within each repeat, so they share the machine's
+state. Prints jobs/s per variant (median of the repeats) and the cost per job.
+
+    .venv/bin/python bench/results_cost.py --tree before=/tmp/before --tree now=. --results now
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+DBNAME = "dbqueue_bench_results"
+
+ENQUEUE = """
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django_dbqueue import enqueue_many
+from bench.benchapp.jobs import noop
+enqueue_many(noop.bind(i) for i in range({jobs}))
+"""
+
+
+def recreate_database() -> None:
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DBNAME}")
+
+
+def env(tree: Path, results: bool) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "DJANGO_SETTINGS_MODULE": "bench.settings",
+        "BENCH_DB": "postgres",
+        "BENCH_DBNAME": DBNAME,
+        "BENCH_RESULTS": "1" if results else "",
+    }
+
+
+def drain(tree: Path, results: bool, jobs: int) -> float:
+    """Jobs/s of one worker draining ``jobs`` no-op jobs (its start-up, about a second, excluded)."""
+    recreate_database()
+    subprocess.run([sys.executable, "-c", ENQUEUE.format(jobs=jobs)], env=env(tree, results), cwd=tree, check=True)
+    worker = [sys.executable, "-m", "django", "queue_work", "--stop-when-empty", "--sleep", "0", "-v", "0"]
+    started = time.monotonic()
+    subprocess.run(worker, env=env(tree, results), cwd=tree, check=True)
+    total = time.monotonic() - started
+    # Start-up and shut-down of an empty worker, to take away.
+    started = time.monotonic()
+    subprocess.run(worker, env=env(tree, results), cwd=tree, check=True)
+    idle = time.monotonic() - started
+    return jobs / max(total - idle, 1e-6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH", help="a code tree to drain with")
+    parser.add_argument(
+        "--results", action="append", default=[], metavar="NAME", help="also drain NAME with results on"
+    )
+    parser.add_argument("--jobs", type=int, default=20000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    trees = {name: Path(path).resolve() for name, path in (item.split("=", 1) for item in args.tree)}
+    variants = [(name, tree, False) for name, tree in trees.items()]
+    variants += [(name, trees[name], True) for name in args.results]
+    rates: dict[str, list[float]] = {}
+    for repeat in range(args.repeat):
+        for name, tree, results in variants:
+            label = f"{name} results={'on' if results else 'off'}"
+            rate = drain(tree, results, args.jobs)
+            rates.setdefault(label, []).append(rate)
+            print(f"repeat {repeat + 1}: {label}: {rate:,.0f} jobs/s", flush=True)
+    print(f"\n{args.jobs:,} no-op jobs, one worker (--batch 10), PostgreSQL; median of {args.repeat}:")
+    medians = {label: statistics.median(values) for label, values in rates.items()}
+    first = next(iter(medians.values()))
+    for label, rate in medians.items():
+        print(f"  {label:<28} {rate:8,.0f} jobs/s  {rate / first - 1:+6.1%}  {1000 / rate:.3f} ms per job")
+
+
+if __name__ == "__main__":
+    main()
