@@ -80,13 +80,16 @@ def main() -> None:
     variants += [(name, trees[name], True) for name in args.results]
     rates: dict[str, list[float]] = {}
     for repeat in range(args.repeat):
-        for name, tree, results in variants:
+        # Each variant goes first in turn: the machine's state drifts within a run.
+        shift = repeat % len(variants)
+        for name, tree, results in variants[shift:] + variants[:shift]:
             label = f"{name} results={'on' if results else 'off'}"
             rate = drain(tree, results, args.jobs)
             rates.setdefault(label, []).append(rate)
             print(f"repeat {repeat + 1}: {label}: {rate:,.0f} jobs/s", flush=True)
     print(f"\n{args.jobs:,} no-op jobs, one worker (--batch 10), PostgreSQL; median of {args.repeat}:")
-    medians = {label: statistics.median(values) for label, values in rates.items()}
+    order = [f"{name} results={'on' if results else 'off'}" for name, _, results in variants]
+    medians = {label: statistics.median(rates[label]) for label in order}
     first = next(iter(medians.values()))
     for label, rate in medians.items():
         print(f"  {label:<28} {rate:8,.0f} jobs/s  {rate / first - 1:+6.1%}  {1000 / rate:.3f} ms per job")

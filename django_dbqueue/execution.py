@@ -139,34 +139,29 @@ class JobTimer:
     def limit(self, seconds: int | None) -> Iterator[None]:
         """Stop the code run inside after ``seconds`` (None or 0: no limit)."""
         self._in_job = True
+        armed = bool(seconds) and self._entered
         try:
-            with self._limit(seconds):
-                yield
+            if not armed:
+                # A watchdog armed for an earlier job must not end this one.
+                self.pause()
+            else:
+                assert seconds is not None
+                self._seconds = seconds
+                needed = time.monotonic() + seconds + self.grace
+                # Keep the armed watchdog only if it fires after this job's hard stop, and
+                # not more than HARD_STOP_SLACK later.
+                if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
+                    _hard_stop_later(seconds + self.grace + HARD_STOP_SLACK)
+                    self._hard_stop_at = needed + HARD_STOP_SLACK
+                self._armed = True
+                signal.setitimer(signal.ITIMER_REAL, seconds)
+            yield
         finally:
+            if armed:
+                self._armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
             self._in_job = False
             self._interrupt = None
-
-    @contextmanager
-    def _limit(self, seconds: int | None) -> Iterator[None]:
-        if not seconds or not self._entered:
-            # A watchdog armed for an earlier job must not end this one.
-            self.pause()
-            yield
-            return
-        self._seconds = seconds
-        needed = time.monotonic() + seconds + self.grace
-        # Keep the armed watchdog only if it fires after this job's hard stop, and
-        # not more than HARD_STOP_SLACK later.
-        if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
-            _hard_stop_later(seconds + self.grace + HARD_STOP_SLACK)
-            self._hard_stop_at = needed + HARD_STOP_SLACK
-        self._armed = True
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            yield
-        finally:
-            self._armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
 
     def pause(self) -> None:
         """Disarm the watchdog until the next job."""

@@ -215,8 +215,8 @@ def keeps_result(name: str) -> bool:
     """Whether jobs named ``name`` keep their results: the job's ``results`` option, else ``DBQUEUE["RESULTS"]``."""
     if name == TASKS_JOB:
         return False
-    definition = registry.all_definitions().get(name)
-    chosen = getattr(definition, "results", None) if definition is not None else None
+    definition = registry.find(name)
+    chosen = definition.results if definition is not None else None
     return bool(conf.get("RESULTS") if chosen is None else chosen)
 
 
@@ -234,7 +234,9 @@ def outcome_record(
     ``status`` is ``succeeded``, ``failed``, or ``waiting`` for an attempt that
     failed and will run again; each failed attempt adds to ``errors``.
     """
-    record = TaskResultRecord.objects.filter(pk=record_id(job.pk)).first() or TaskResultRecord(
+    # Only an earlier attempt of this row can have written its record.
+    earlier = TaskResultRecord.objects.filter(pk=record_id(job.pk)).first() if job.attempts > 1 else None
+    record = earlier or TaskResultRecord(
         id=record_id(job.pk),
         task_path=job.name,
         backend=JOB_RECORDS,

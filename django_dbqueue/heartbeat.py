@@ -121,12 +121,17 @@ class Heartbeat:
     def running(self, job: Job | None) -> None:
         """Say which job runs now (None when none): one that runs ``CANCEL_POLL``
         seconds is asked about cancel requests, so short jobs cost nothing."""
-        due = time.monotonic() + CANCEL_POLL if job is not None else None
+        if job is None:
+            # The poll time stays: the thread wakes then, finds nothing running, and
+            # sleeps on, instead of being woken again by the next job.
+            self._running = None
+            return
+        due = time.monotonic() + CANCEL_POLL
         with self._lock:
             self._running = job
             self._cancel_due = due
         # The thread already wakes before then for an earlier job: no wake-up per job.
-        if due is not None and self._thread is not None and due < self._sleep_until:
+        if self._thread is not None and due < self._sleep_until:
             self._wake.set()
 
     def cancel_level(self, job: Job) -> int:

@@ -501,5 +501,10 @@ def all_definitions() -> dict[str, JobDefinition[..., Any]]:
     return dict(_registry)
 
 
+def find(name: str) -> JobDefinition[..., Any] | None:
+    """The definition registered under ``name``, or None (no copy of the registry: the worker asks per job)."""
+    return _registry.get(name)
+
+
 def _qualified(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"

@@ -27,7 +27,7 @@ from .exceptions import JobCancelled, WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute
 from .heartbeat import Heartbeat
 from .listener import Listener
-from .models import CANCEL_HARD, FailedJob, Job
+from .models import CANCEL_HARD, FailedJob, Job, TaskResultRecord
 from .operations import restart_marker
 
 logger = logging.getLogger("django_dbqueue")
@@ -127,8 +127,10 @@ class Worker:
         os.set_blocking(self._wake_w, False)
         # Claimed in a batch and not run yet.
         self._prefetched: collections.deque[Job] = collections.deque()
-        # Succeeded, waiting for their batch's DELETE, since a monotonic time.
+        # Succeeded, waiting for their batch's DELETE, since a monotonic time; and the
+        # result records of those that keep their results, saved with that DELETE.
         self._done: list[tuple[Job, Outcome]] = []
+        self._done_records: dict[int, TaskResultRecord] = {}
         self._done_since = 0.0
         # Recent average run time of a job (seconds), None before the first.
         self._average_run: float | None = None
@@ -292,6 +294,9 @@ class Worker:
         """Finish the jobs that succeeded and claim up to ``limit`` more, in one
         statement where the database allows; on a database error, log, wait and
         return none."""
+        if self._done_records:
+            # Kept results are saved in the transaction of their jobs' DELETE.
+            self._finish_done()
         done, self._done = self._done, []
         try:
             if self._reserve_errors:
@@ -367,7 +372,11 @@ class Worker:
         self._average_run = duration if self._average_run is None else 0.8 * self._average_run + 0.2 * duration
         follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
         keep = handles.keeps_result(job.name)
-        if outcome.status == "succeeded" and not follow_ups and not keep:
+        if outcome.status == "succeeded" and not follow_ups:
+            if keep:
+                self._done_records[job.pk] = handles.outcome_record(
+                    job, status="succeeded", worker_id=self.worker_id, result=outcome.result
+                )
             if not self._done:
                 self._done_since = time.monotonic()
             self._done.append((job, outcome))
@@ -423,12 +432,20 @@ class Worker:
         if not self._done:
             return
         done, self._done = self._done, []
+        records, self._done_records = self._done_records, {}
         tries = 1 if tried else 0
 
         def delete() -> set[int]:
             nonlocal tries
             tries += 1
-            deleted = Job.objects.delete_many_reserved([job for job, _ in done])
+            if not records:
+                deleted = Job.objects.delete_many_reserved([job for job, _ in done])
+            else:
+                with transaction.atomic(using=alias()):
+                    deleted = Job.objects.delete_many_reserved([job for job, _ in done])
+                    for pk in deleted:
+                        if pk in records:
+                            records[pk].save(using=alias(), force_insert=records[pk]._state.adding)
             if tries > 1:
                 # A try that lost its connection may have committed before the reply was lost.
                 deleted |= {
@@ -516,7 +533,7 @@ class Worker:
             with transaction.atomic(using=alias()):
                 stored = change()
                 if stored:
-                    record.save(using=alias())
+                    record.save(using=alias(), force_insert=record._state.adding)
             return stored
 
         def change() -> bool:
