@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
 
 from django_dbqueue.execution import Defaults
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
@@ -137,6 +137,19 @@ def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> N
             return
         time.sleep(0.05)
     raise AssertionError(message)
+
+
+def kill_session(session: int) -> None:
+    """End database session ``session`` (a backend pid, a MariaDB connection id) from a connection of its own."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            if other.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
+            else:
+                cursor.execute(f"KILL {int(session)}")
+    finally:
+        other.close()
 
 
 def kill_other_connections() -> int:

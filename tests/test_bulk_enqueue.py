@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import JobDefinition, enqueue_many, payload, signals
 from django_dbqueue.models import Job
+from tests.conftest import kill_session
 from tests.testapp import jobs
 
 # Every column, to compare a returned row with the stored one.
@@ -263,15 +264,7 @@ def _kill_session(pid: int, after: float) -> threading.Thread:
 
     def kill() -> None:
         time.sleep(after)
-        other = connections.create_connection("default")
-        try:
-            with other.cursor() as cursor:
-                if other.vendor == "postgresql":
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-                else:
-                    cursor.execute(f"KILL {int(pid)}")
-        finally:
-            other.close()
+        kill_session(pid)
 
     thread = threading.Thread(target=kill)
     thread.start()

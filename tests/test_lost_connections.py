@@ -4,29 +4,17 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.worker import MAX_GIVE_BACKS
-from tests.conftest import run_worker, wait_until
+from tests.conftest import kill_session, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Run
 
 needs_server = pytest.mark.skipif(
     "connection.vendor == 'sqlite'", reason="SQLite has no server session that can be lost"
 )
-
-
-def kill(session: int) -> None:
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            if other.vendor == "postgresql":
-                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
-            else:
-                cursor.execute(f"KILL {int(session)}")
-    finally:
-        other.close()
 
 
 @needs_server
@@ -46,7 +34,7 @@ def test_a_job_whose_session_is_killed_three_times_with_tries_2_is_given_back_an
             Attempt.objects.filter(key="k").exclude(attempt=0).order_by("-id").values_list("attempt", flat=True)[0]
         )
         killed.append(session)
-        kill(session)
+        kill_session(session)
     wait_until(lambda: Run.objects.filter(key="k").exists(), 30, f"the job never succeeded:\n{worker.output()}")
     wait_until(lambda: not Job.objects.filter(pk=job.pk).exists(), 10, "the job row was not deleted")
     assert not FailedJob.objects.exists()
