@@ -355,3 +355,31 @@ def test_deleting_needs_the_delete_permission_and_a_csrf_token(staff, admin_user
     assert response.status_code == 403
     assert Job.objects.filter(pk=waiting.pk).exists()
     assert "delete_selected" in staff("view_job", "delete_job").get(JOB_LIST).content.decode()
+
+
+JOB_LIST = "/admin/django_dbqueue/job/"
+
+
+def test_the_cancel_action_needs_the_cancel_permission_and_cancels_waiting_jobs(staff):
+    from django_dbqueue.handles import JobStatus, get_job
+
+    waiting = jobs.record.enqueue("cancel-me")
+    without = staff("view_job", "change_job")
+    assert "cancel_selected" not in without.get(JOB_LIST).content.decode()
+    without.post(JOB_LIST, {"action": "cancel_selected", "_selected_action": [waiting.id]})
+    assert get_job(waiting.id).status == JobStatus.WAITING
+    allowed = staff("view_job", "cancel_job")
+    assert "cancel_selected" in allowed.get(JOB_LIST).content.decode()
+    response = allowed.post(JOB_LIST, {"action": "cancel_selected", "_selected_action": [waiting.id]}, follow=True)
+    assert "1 job was cancelled" in response.content.decode()
+    assert get_job(waiting.id).status == JobStatus.CANCELLED
+
+
+def test_the_cancel_action_asks_a_reserved_job_to_stop(staff):
+    handle = jobs.record.enqueue("running")
+    job = Job.objects.reserve(["default"], worker_id="w1")
+    assert job is not None and job.pk == handle.id
+    client = staff("view_job", "cancel_job")
+    response = client.post(JOB_LIST, {"action": "cancel_selected_hard", "_selected_action": [handle.id]}, follow=True)
+    assert "1 running job was asked to stop" in response.content.decode()
+    assert Job.objects.get(pk=handle.id).cancel == 2

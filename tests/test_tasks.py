@@ -322,3 +322,16 @@ def test_each_attempts_traceback_is_stored_as_is_without_a_scrubber(settings):
     run_worker()
     result.refresh()
     assert all("password=hunter2" in error.traceback for error in result.errors)
+
+
+def test_a_task_cancelled_before_it_runs_ends_failed_with_the_cancellation_as_its_error():
+    from django_dbqueue.operations import cancel_jobs
+
+    result = tasks.add_numbers.enqueue(1, 2)
+    job = Job.objects.get()
+    assert cancel_jobs([job.pk]) == {job.pk: "cancelled"}
+    fetched = default_task_backend.get_result(result.id)
+    assert fetched.status == TaskResultStatus.FAILED
+    assert fetched.errors[-1].exception_class_path == "django_dbqueue.exceptions.JobCancelled"
+    run_worker()
+    assert default_task_backend.get_result(result.id).status == TaskResultStatus.FAILED
