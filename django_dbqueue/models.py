@@ -741,11 +741,24 @@ def record_id(job_id: int) -> str:
 
 
 def _retry_pointers(retried: list[tuple[int, Job]]) -> None:
-    """Point the records of failed jobs just retried (old id, new row) at their new runs."""
+    """Point the records of failed jobs just retried (old id, new row) at their new runs.
+
+    One multi-row upsert per chunk of retries: a record the failed run kept (its
+    result, with ``results=True``) is replaced, since it belongs to that run. The
+    times are the new rows' ``created_at``, read back from the database where the
+    backend returns them; values, not expressions, so PostgreSQL inserts the rows
+    with one ``unnest``.
+    """
     records = []
+    fallback = None
     for old_id, job in retried:
         if job.pk is None:  # MySQL (not MariaDB) returns no ids from a bulk insert
             continue
+        created = job.created_at
+        if hasattr(created, "resolve_expression"):
+            # Not read back (Django 5.2, MySQL): the stored time of the first row, read once.
+            fallback = fallback or Job.objects.filter(pk=job.pk).values_list("created_at", flat=True).get()
+            created = fallback
         records.append(
             TaskResultRecord(
                 id=record_id(old_id),
@@ -755,16 +768,20 @@ def _retry_pointers(retried: list[tuple[int, Job]]) -> None:
                 priority=job.priority,
                 status=RETRIED,
                 job_id=job.pk,
-                enqueued_at=job.created_at if not hasattr(job.created_at, "resolve_expression") else DbNow(),
-                finished_at=DbNow(),
+                enqueued_at=created,
+                finished_at=created,
             )
         )
     if not records:
         return
-    ids = [record.pk for record in records]
-    # Replace the records of earlier runs (their results belong to the failed run).
-    TaskResultRecord.objects.filter(pk__in=ids).delete()
-    TaskResultRecord.objects.bulk_create(records)
+    connection = connections[TaskResultRecord.objects.db]
+    TaskResultRecord.objects.bulk_create(
+        records,
+        update_conflicts=True,
+        # MySQL's ON DUPLICATE KEY UPDATE names no target; the primary key is implied.
+        unique_fields=["id"] if connection.features.supports_update_conflicts_with_target else None,
+        update_fields=["status", "job_id", "task_path", "queue", "priority", "enqueued_at", "finished_at"],
+    )
 
 
 class FailedJobQuerySet(models.QuerySet["FailedJob"]):
