@@ -139,6 +139,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> N
     raise AssertionError(message)
 
 
+def session_id() -> int:
+    """This process's database session: the backend pid (PostgreSQL) or the connection id (MariaDB)."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
 def kill_session(session: int) -> None:
     """End database session ``session`` (a backend pid, a MariaDB connection id) from a connection of its own."""
     other = connections.create_connection("default")

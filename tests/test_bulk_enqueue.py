@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import JobDefinition, enqueue_many, payload, signals
 from django_dbqueue.models import Job
-from tests.conftest import kill_session
+from tests.conftest import kill_session, session_id
 from tests.testapp import jobs
 
 # Every column, to compare a returned row with the stored one.
@@ -252,13 +252,6 @@ def test_on_postgresql_listeners_are_notified_once_the_transaction_commits():
         listener.close()
 
 
-def _session_id() -> int:
-    connection.ensure_connection()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
-        return int(cursor.fetchone()[0])
-
-
 def _kill_session(pid: int, after: float) -> threading.Thread:
     """End session ``pid`` from another connection after ``after`` seconds, as a restarted server would."""
 
@@ -275,7 +268,7 @@ def _kill_session(pid: int, after: float) -> threading.Thread:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("after", [0, 0.05, 0.2])
 def test_a_killed_connection_during_a_bulk_enqueue_raises_the_connection_error_and_inserts_nothing(caplog, after):
-    killer = _kill_session(_session_id(), after)
+    killer = _kill_session(session_id(), after)
     if after == 0:
         killer.join()
     try:

@@ -6,6 +6,7 @@ Every test bounds its waits; every process is killed at teardown.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
 from django_dbqueue import chain, enqueue_many
@@ -25,7 +26,7 @@ from django_dbqueue.db import is_connection_error
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.worker import Worker, WorkerOptions
-from tests.conftest import children_of, kill_other_connections, wait_until
+from tests.conftest import children_of, kill_other_connections, kill_session, session_id, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Order, Run
 
@@ -364,6 +365,12 @@ def test_workers_drain_every_job_once_while_their_connections_are_killed_again_a
     for process in workers:
         process.signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0, process.output()[-3000:]
+    # A chain step whose write committed while its reply was lost fails on its rerun (the
+    # ambiguous commit assert_each_job_ran_once allows): the steps after it never run, and
+    # stay in its FailedJob payload.
+    for failed in FailedJob.objects.filter(exception_class=INTEGRITY_ERROR):
+        for step in json.loads(failed.payload).get("next", []):
+            expected.discard("{}-{}".format(*step["args"]))
     counts = assert_each_job_ran_once(expected, "".join(process.output() for process in workers))
     # Some kills landed while a job ran (it was given back without spending a try) or while its
     # worker stored an outcome (stored once the connection was back).
@@ -386,18 +393,7 @@ def test_a_query_the_database_refuses_is_not_taken_for_a_lost_connection():
 )
 @pytest.mark.parametrize("in_transaction", [False, True])
 def test_a_killed_session_is_taken_for_a_lost_connection(in_transaction):
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
-        session = cursor.fetchone()[0]
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SELECT pg_terminate_backend(%s)", [session])
-            else:
-                cursor.execute("KILL %s", [session])
-    finally:
-        other.close()
+    kill_session(session_id())
     # Inside atomic, Django replaces the broken connection by a fresh one on the way out.
     block = transaction.atomic() if in_transaction else nullcontext()
     with pytest.raises(DatabaseError) as lost, block, connection.cursor() as cursor:
