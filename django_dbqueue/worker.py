@@ -367,7 +367,7 @@ class Worker:
         _send(signals.job_started, job=job, worker_id=self.worker_id)
         outcome = self._cancelled_before(job) if job.cancel else self._execute(job)
         if self._lost_connection(job, outcome):
-            outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True)
+            outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True, counts_exception=False)
         duration = outcome.duration
         self._average_run = duration if self._average_run is None else 0.8 * self._average_run + 0.2 * duration
         follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
