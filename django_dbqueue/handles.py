@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -94,7 +94,13 @@ class JobHandle:
     @classmethod
     def from_job(cls, job: Job) -> JobHandle:
         """The handle of a row just enqueued."""
-        delayed = job.available_at is not None and job.created_at is not None and job.available_at > job.created_at
+        available, created = job.available_at, job.created_at
+        if isinstance(available, datetime) and isinstance(created, datetime):
+            delayed = available > created
+        else:
+            # Times not read back from the database (a bulk insert on MySQL): the row was
+            # built with available_at = created_at for a job without a delay.
+            delayed = available is not created
         return cls(
             id=job.pk,
             name=job.name,
