@@ -285,3 +285,35 @@ def check_worker(concurrency: int | None, timeout: int | None) -> list[CheckMess
             )
         )
     return messages
+
+
+def check_worker_connections(processes: int, threads: int, async_slots: int) -> list[CheckMessage]:
+    """Warn when the connections one ``queue_work`` command may open (see
+    ``pool.connections_per_process``) take half the server's ``max_connections`` or more."""
+    from .pool import connections_per_process
+
+    needed = processes * connections_per_process(threads, async_slots)
+    connection = connections[conf.get("DATABASE")]
+    query = {"postgresql": "SHOW max_connections", "mysql": "SELECT @@max_connections"}.get(connection.vendor)
+    if query is None or needed < 8:
+        return []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            row = cursor.fetchone()
+        limit = int(row[0]) if row else 0
+    except (DatabaseError, TypeError, ValueError):
+        return []
+    if not limit or needed * 2 < limit:
+        return []
+    return [
+        Warning(
+            f"This command may open {needed} database connections ({processes} process(es) x "
+            f"{connections_per_process(threads, async_slots)}: --threads {threads}, the worker's own, its "
+            f"heartbeat's, the listener's, progress{', the async ORM thread' if async_slots else ''}); the "
+            f"server allows {limit} (max_connections) for every client together.",
+            hint="Run fewer threads or processes, raise max_connections, or put PgBouncer in front "
+            "(see the README: Choosing processes, threads or asyncio).",
+            id="dbqueue.W007",
+        )
+    ]

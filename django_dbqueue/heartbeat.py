@@ -67,9 +67,9 @@ class Heartbeat:
         self.queues = list(queues) if queues is not None else None
         # When the worker's row is next refreshed (monotonic); None: never.
         self._seen_due: float | None = None
-        # The job running now, when it is next asked about a cancel request, and
-        # the requests seen: id -> (attempts, Job.cancel level).
-        self._running: Job | None = None
+        # The jobs running now (id -> job, monotonic start), when they are next asked
+        # about cancel requests, and the requests seen: id -> (attempts, Job.cancel level).
+        self._running: dict[int, tuple[Job, float]] = {}
         self._cancel_due: float | None = None
         self._cancels: dict[int, tuple[int, int]] = {}
         # Called from the heartbeat's thread with the job and the level of a cancel request.
@@ -119,20 +119,30 @@ class Heartbeat:
             return [job for job, _ in self._held.values()]
 
     def running(self, job: Job | None) -> None:
-        """Say which job runs now (None when none): one that runs ``CANCEL_POLL``
-        seconds is asked about cancel requests, so short jobs cost nothing."""
+        """Say that ``job`` runs now (None: no job runs; see ``stopped`` for a pooled
+        worker's jobs). A job that runs ``CANCEL_POLL`` seconds is asked about cancel
+        requests, so short jobs cost nothing."""
         if job is None:
             # The poll time stays: the thread wakes then, finds nothing running, and
             # sleeps on, instead of being woken again by the next job.
-            self._running = None
+            self._running.clear()
             return
-        due = time.monotonic() + CANCEL_POLL
+        now = time.monotonic()
         with self._lock:
-            self._running = job
-            self._cancel_due = due
+            self._running[job.pk] = (job, now)
+            if self._cancel_due is not None and self._cancel_due > now:
+                return  # a poll is due already; the job is asked at a poll after this one
+            self._cancel_due = due = now + CANCEL_POLL
         # The thread already wakes before then for an earlier job: no wake-up per job.
         if self._thread is not None and due < self._sleep_until:
             self._wake.set()
+
+    def stopped(self, job: Job) -> None:
+        """Say that ``job`` no longer runs (one of several; see ``running``)."""
+        with self._lock:
+            entry = self._running.get(job.pk)
+            if entry is not None and entry[0].attempts == job.attempts:
+                del self._running[job.pk]
 
     def cancel_level(self, job: Job) -> int:
         """The cancel request seen for this reservation of ``job`` (``Job.cancel``), 0 if none."""
@@ -253,22 +263,28 @@ class Heartbeat:
                     )
 
     def _poll_cancel(self) -> None:
+        now = time.monotonic()
         with self._lock:
-            job = self._running
-            self._cancel_due = time.monotonic() + CANCEL_POLL if job is not None else None
-        if job is None:
+            jobs = [job for job, since in self._running.values() if since + CANCEL_POLL <= now]
+            young = [since + CANCEL_POLL for job, since in self._running.values() if since + CANCEL_POLL > now]
+            self._cancel_due = min([*young, now + CANCEL_POLL] if jobs else young, default=None)
+        if not jobs:
             return
         try:
-            level = Job.objects.cancel_requests([job]).get(job.pk, 0)
+            levels = Job.objects.cancel_requests(jobs)
         except DatabaseError as exc:
             logger.warning("cancel requests not read worker_id=%s: %s", self.worker_id, exc)
             drop_connection()
             return
-        if level and self.cancel_level(job) < level:
-            self._cancels[job.pk] = (job.attempts, level)
-            logger.info("cancel requested job=%s id=%s attempt=%s hard=%s", job.name, job.pk, job.attempts, level > 1)
-            if self.on_cancel is not None:
-                self.on_cancel(job, level)
+        for job in jobs:
+            level = levels.get(job.pk, 0)
+            if level and self.cancel_level(job) < level:
+                self._cancels[job.pk] = (job.attempts, level)
+                logger.info(
+                    "cancel requested job=%s id=%s attempt=%s hard=%s", job.name, job.pk, job.attempts, level > 1
+                )
+                if self.on_cancel is not None:
+                    self.on_cancel(job, level)
 
     def _retry_soon(self, jobs: list[Job]) -> None:
         """Make the next beat come ``ERROR_RETRY`` seconds from now (or sooner if due sooner)."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -85,6 +86,29 @@ def run(stack: Sequence[Middleware], context: JobContext, call: Callable[[], Any
     return call()
 
 
+def for_loop(stack: Sequence[Middleware]) -> tuple[Middleware, ...] | None:
+    """The async form of ``stack``, for an ``async def`` job run on the worker's event
+    loop; None if a middleware in it has none (the job then runs in a thread).
+
+    An ``async def`` middleware is its own async form; a sync one may name its
+    async twin in an ``async_form`` attribute (as ``log_context`` does).
+    """
+    forms = []
+    for middleware in stack:
+        form = middleware if inspect.iscoroutinefunction(middleware) else getattr(middleware, "async_form", None)
+        if form is None:
+            return None
+        forms.append(form)
+    return tuple(forms)
+
+
+async def arun(stack: Sequence[Middleware], context: JobContext, call: Callable[[], Awaitable[Any]]) -> Any:
+    """Await ``call()`` inside the async ``stack`` (see ``for_loop``); return its result."""
+    for middleware in reversed(stack):
+        call = functools.partial(middleware, context, call)
+    return await call()
+
+
 # -- built-in middleware ---------------------------------------------------------
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("django_dbqueue_job", default=None)
@@ -97,6 +121,18 @@ def log_context(context: JobContext, call_next: Callable[[], Any]) -> Any:
         return call_next()
     finally:
         _current.reset(token)
+
+
+async def _log_context_async(context: JobContext, call_next: Callable[[], Awaitable[Any]]) -> Any:
+    # Each asyncio task runs in a copy of the context: the variable is the task's own.
+    token = _current.set(context)
+    try:
+        return await call_next()
+    finally:
+        _current.reset(token)
+
+
+log_context.async_form = _log_context_async  # type: ignore[attr-defined]
 
 
 class JobLogFilter(logging.Filter):

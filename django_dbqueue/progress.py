@@ -33,11 +33,47 @@ _UPDATE_FIELDS = ("percent", "stage", "finished", "failed", "error", "updated_at
 TOKEN_SALT = "django_dbqueue.progress"
 
 
+class _SharedWriter:
+    """One progress connection for all the threads of a pooled worker (``share_writer``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.wrapper: Any = None
+
+
+_shared: _SharedWriter | None = None
+
+
+@contextmanager
+def share_writer() -> Iterator[None]:
+    """Make every thread write progress through one connection, one write at a time,
+    until the block ends: a worker running N jobs at once keeps one progress
+    connection, not N."""
+    global _shared
+    _shared = _SharedWriter()
+    try:
+        yield
+    finally:
+        shared, _shared = _shared, None
+        if shared.wrapper is not None:
+            with shared.lock:
+                try:
+                    shared.wrapper.close()
+                except DatabaseError:
+                    pass
+
+
 def _writer() -> Any:
-    """This thread's own connection to the queue's database, outside Django's registry.
+    """This thread's own connection to the queue's database, outside Django's registry
+    (or the pool's shared one, see ``share_writer``).
 
     Being outside ``connections``, it is in no transaction of the job's.
     """
+    if _shared is not None:
+        if _shared.wrapper is None:
+            _shared.wrapper = connections.create_connection(alias())
+            _shared.wrapper.inc_thread_sharing()
+        return _shared.wrapper
     wrapper = getattr(_local, "wrapper", None)
     if wrapper is None:
         wrapper = connections.create_connection(alias())
@@ -46,6 +82,8 @@ def _writer() -> Any:
 
 
 def close_writer() -> None:
+    if _shared is not None:
+        return  # kept for the pool's life
     wrapper = getattr(_local, "wrapper", None)
     _local.wrapper = None
     if wrapper is not None:
@@ -85,7 +123,10 @@ def set_progress(
         error=clean(error),
         updated_at=DbNow(),
     )
+    shared = _shared
     try:
+        if shared is not None:
+            shared.lock.acquire()
         wrapper = _writer()
         meta = JobProgress._meta
         with_target = wrapper.features.supports_update_conflicts_with_target
@@ -100,10 +141,19 @@ def set_progress(
         query.get_compiler(connection=wrapper).execute_sql()
     except DatabaseError as exc:
         logger.warning("progress not stored key=%s: %s", key, exc)
+        if shared is not None and shared.wrapper is not None:
+            # Opened afresh by the next write.
+            broken, shared.wrapper = shared.wrapper, None
+            try:
+                broken.close()
+            except DatabaseError:
+                pass
         close_writer()
         return False
     finally:
-        if not getattr(_local, "keep", False):
+        if shared is not None:
+            shared.lock.release()
+        elif not getattr(_local, "keep", False):
             close_writer()
     return True
 

@@ -19,7 +19,7 @@ from types import FrameType
 from django.db import DatabaseError, connections
 
 from .models import Job
-from .worker import StopReason, Worker, WorkerOptions, new_worker_id
+from .worker import EXIT_TIMED_OUT, StopReason, Worker, WorkerOptions, new_worker_id
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -108,6 +108,10 @@ class Supervisor:
             return
         if code == EXIT_RECYCLE:
             logger.info("worker process recycled pid=%s", pid)
+        elif code == EXIT_TIMED_OUT:
+            # It recorded the stuck job and gave back the others; reclaim what it could not.
+            logger.warning("worker process ended after a job it could not interrupt pid=%s; starting another", pid)
+            self._reclaim(worker_id, "ended after a job ran past its timeout")
         else:
             how = describe_status(status)
             logger.error("worker process died pid=%s %s", pid, how)

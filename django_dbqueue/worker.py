@@ -23,12 +23,13 @@ from django.db import DatabaseError, transaction
 
 from . import chains, conf, handles, progress, signals, workers
 from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
-from .exceptions import JobCancelled, WorkerStopped
-from .execution import Defaults, JobTimer, Outcome, execute
+from .exceptions import JobCancelled, JobTimeout, WorkerStopped
+from .execution import Defaults, JobTimer, Outcome, execute, outcome_of
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .models import CANCEL_HARD, FailedJob, Job, TaskResultRecord
 from .operations import restart_marker
+from .pool import Pool, Run
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -58,10 +59,17 @@ DEFAULT_BATCH = 10
 # Seconds a stopping worker goes on running the jobs it has claimed before it
 # gives the rest back.
 STOP_FINISH = 1.0
+# queue_work --threads and --async-concurrency: the most allowed (a typo guard).
+MAX_THREADS = 512
+MAX_ASYNC = 10_000
+# A pooled worker exits with this code after a job ran past its timeout and could
+# not be interrupted (see pool): its supervisor starts a fresh process.
+EXIT_TIMED_OUT = 77
 
 
 class StopReason(enum.Enum):
     SIGNAL = "signal"
+    TIMED_OUT = "timed-out"
     EMPTY = "empty"
     ONCE = "once"
     MAX_JOBS = "max-jobs"
@@ -90,6 +98,15 @@ class WorkerOptions:
     batch_window: float = BATCH_WINDOW
     # Set by a supervisor: stop when this process is no longer our parent.
     parent_pid: int | None = None
+    # Jobs run at once by this process: sync jobs in this many threads, and up to
+    # ``async_concurrency`` ``async def`` jobs on one event loop (see pool). One
+    # thread and no loop: jobs run one at a time in the main thread.
+    threads: int = 1
+    async_concurrency: int = 0
+
+    @property
+    def pooled(self) -> bool:
+        return self.threads > 1 or self.async_concurrency > 0
 
 
 def new_worker_id(pid: int | None = None, token: str | None = None) -> str:
@@ -140,6 +157,17 @@ class Worker:
         # The job running now (for a hard cancel from the heartbeat's thread).
         self._current: Job | None = None
         self._timer = JobTimer(options.defaults.timeout_grace)
+        # Runs several jobs at once (queue_work --threads / --async-concurrency).
+        self._pool: Pool | None = None
+        if options.pooled:
+            self._pool = Pool(
+                threads=options.threads,
+                async_slots=options.async_concurrency,
+                defaults=options.defaults,
+                worker_id=self.worker_id,
+                cancel_level=self.heartbeat.cancel_level,
+                wake=self._poke,
+            )
 
     # -- the loop ------------------------------------------------------------
 
@@ -152,10 +180,19 @@ class Worker:
         self._restart_checked = started
         watch_network()
         self._register()
-        logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
+        logger.info(
+            "worker started worker_id=%s queues=%s%s",
+            self.worker_id,
+            ",".join(self.options.queues),
+            f" threads={self.options.threads} async={self.options.async_concurrency}" if self._pool else "",
+        )
         with self.handle_signals(), self.heartbeat.start(), self._timer:
             try:
-                reason = self._loop(started)
+                if self._pool is None:
+                    reason = self._loop(started)
+                else:
+                    with self._pool.start(), progress.share_writer():
+                        reason = self._pool_loop(started)
             finally:
                 self._finish_done()
                 self._release_prefetched()
@@ -163,6 +200,10 @@ class Worker:
                 os.close(self._wake_w)
         self._unregister()
         logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason.value, self.processed)
+        if reason is StopReason.TIMED_OUT:
+            # Threads that may still run a stuck job must not hold the exit up.
+            logging.shutdown()
+            os._exit(EXIT_TIMED_OUT)
         return reason
 
     def _loop(self, started: float) -> StopReason:
@@ -205,6 +246,168 @@ class Worker:
             if options.rest > 0:
                 self._finish_done()
                 self.wait(options.rest)
+
+    def _pool_loop(self, started: float) -> StopReason:
+        """The loop of a worker that runs several jobs at once (see pool): claim as
+        many jobs as there are free slots (and about ``batch_window`` of work
+        more), hand them to the pool, record their outcomes as they come."""
+        assert self._pool is not None
+        pool, options = self._pool, self.options
+        stopping: StopReason | None = None
+        # When the second stop signal interrupted the running jobs (monotonic).
+        forced_at: float | None = None
+        # Claimed, waiting for a free slot of their kind: (job, runs on the loop).
+        waiting: collections.deque[tuple[Job, bool]] = collections.deque()
+        # No claim before then (monotonic): the queue was found empty.
+        next_claim = 0.0
+        while True:
+            finished = pool.collect()
+            for job, outcome in finished:
+                self.heartbeat.stopped(job)
+                self._conclude(job, outcome)
+            stuck, next_look = pool.check_deadlines()
+            if stuck is not None:
+                self._end_stuck(stuck, waiting)
+                return StopReason.TIMED_OUT
+            if stopping is None:
+                stopping = self._stop_reason(started)
+                if stopping is None and options.once and self.processed and not pool.busy:
+                    stopping = StopReason.ONCE
+                if stopping is None and finished and options.memory is not None:
+                    if (used := memory_mb()) >= options.memory:
+                        logger.warning(
+                            "memory limit reached worker_id=%s memory_mb=%.0f limit_mb=%s",
+                            self.worker_id,
+                            used,
+                            options.memory,
+                        )
+                        stopping = StopReason.MEMORY
+            if stopping is not None:
+                # Jobs not started yet go back (no try spent); running ones finish.
+                while waiting:
+                    job, _ = waiting.popleft()
+                    self._give_back(job)
+                    self.heartbeat.drop(job)
+                if self._signals >= 2 and forced_at is None:
+                    forced_at = time.monotonic()
+                    logger.warning("stopping now worker_id=%s: interrupting %s job(s)", self.worker_id, pool.busy)
+                    pool.interrupt_all(
+                        lambda job: WorkerStopped(f"{job.name} (job {job.pk}): the worker was stopped twice")
+                    )
+                if not pool.busy:
+                    return stopping
+                if forced_at is not None and time.monotonic() - forced_at >= options.defaults.timeout_grace:
+                    for job in pool.abandon():
+                        logger.warning("job=%s id=%s did not stop: given back", job.name, job.pk)
+                        self._give_back(job)
+                        self.heartbeat.drop(job)
+                    return stopping
+                self._pool_wait(next_look, 0.1 if forced_at is not None else None)
+                continue
+            while waiting and pool.has_room(waiting[0][1]):
+                self._start(*waiting.popleft())
+            want = self._pool_claim_size(len(waiting))
+            if want > 0 and time.monotonic() >= next_claim:
+                jobs = self.reserve(want)
+                if jobs:
+                    self.heartbeat.hold(jobs)
+                    for job in jobs:
+                        on_loop = pool.on_loop(job)
+                        if not waiting and pool.has_room(on_loop):
+                            self._start(job, on_loop)
+                        else:
+                            waiting.append((job, on_loop))
+                    continue
+                if self._reserve_errors:
+                    continue  # its backoff was waited
+                if not pool.busy:
+                    if options.once:
+                        return StopReason.ONCE
+                    if options.stop_when_empty:
+                        return StopReason.EMPTY
+                    self._prune_progress()
+                    self.wait(options.sleep, listen=True)
+                    continue
+                next_claim = time.monotonic() + options.sleep
+            if self._done and time.monotonic() - self._done_since >= options.batch_window:
+                self._finish_done()
+            # Until a job ends, a deadline, a signal; and, to claim again after an
+            # empty claim, a NOTIFY or --sleep.
+            claim_in = next_claim - time.monotonic() if want > 0 else None
+            if self._pool_wait(next_look, claim_in, listen=claim_in is not None):
+                next_claim = 0.0
+
+    def _start(self, job: Job, on_loop: bool) -> None:
+        assert self._pool is not None
+        self._begin(job)
+        if job.cancel:
+            self._pool.runs.pop(job.pk, None)
+            self.heartbeat.stopped(job)
+            self._conclude(job, self._cancelled_before(job))
+            return
+        self.heartbeat.running(job)
+        self._pool.submit(job, on_loop)
+
+    def _pool_claim_size(self, waiting: int) -> int:
+        """How many jobs a pooled worker claims now: one per free slot, plus as many as
+        its slots finish in about ``batch_window`` (by the recent average run), less
+        those already waiting; none once ``--max-jobs`` are claimed, one with ``--once``."""
+        assert self._pool is not None
+        pool, options = self._pool, self.options
+        if options.once:
+            return 0 if self.processed or pool.busy or waiting else 1
+        ahead = 0
+        if self._average_run is not None:
+            ahead = min(pool.capacity, int(pool.capacity * options.batch_window / max(self._average_run, 1e-4)))
+        want = pool.capacity - pool.busy + ahead - waiting
+        if options.max_jobs is not None:
+            want = min(want, options.max_jobs - self.processed - waiting)
+        return max(0, want)
+
+    def _pool_outcomes_ready(self) -> bool:
+        return bool(self._pool is not None and self._pool._outcomes)
+
+    def _pool_wait(self, next_look: float | None, at_most: float | None, *, listen: bool = False) -> bool:
+        """Wait for an outcome (the pool pokes the wake pipe), a signal, the next
+        deadline to look at, or ``at_most`` seconds; tell whether a NOTIFY came."""
+        if self._pool_outcomes_ready():
+            return False
+        seconds = 60.0 if at_most is None else at_most
+        if self._done:
+            seconds = min(seconds, max(0.0, self._done_since + self.options.batch_window - time.monotonic()))
+        if next_look is not None:
+            seconds = min(seconds, max(0.0, next_look - time.monotonic()) + 0.001)
+        return self.wait(max(seconds, 0.0005), until_stop=False, listen=listen)
+
+    def _end_stuck(self, stuck: Run, waiting: collections.deque[tuple[Job, bool]]) -> None:
+        """A job runs past its timeout plus grace and cannot be interrupted: record it as
+        timed out, give back every other job this process holds, and let the
+        process end (see pool)."""
+        assert self._pool is not None
+        job = stuck.job
+        seconds = job.timeout or self.options.defaults.timeout
+        reason = stuck.reason or JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+        logger.error(
+            "job=%s id=%s is still running %ss after %s and cannot be interrupted in its %s: "
+            "recording it, giving back the %s other job(s) of this process, and ending the process",
+            job.name,
+            job.pk,
+            self.options.defaults.timeout_grace,
+            "its timeout" if isinstance(reason, JobTimeout) else type(reason).__name__,
+            "event loop" if stuck.on_loop else "thread",
+            self._pool.busy - 1 + len(waiting),
+        )
+        running = self._pool.abandon()
+        if stuck.prepared is not None:
+            outcome = outcome_of(stuck.prepared, reason, self.options.defaults)
+        else:
+            outcome = Outcome("failed", 0, exception=reason, error=str(reason))
+        self.heartbeat.stopped(job)
+        self._conclude(job, outcome)
+        for other in [*(job_ for job_ in running if job_.pk != job.pk), *(job_ for job_, _ in waiting)]:
+            self._give_back(other)
+            self.heartbeat.drop(other)
+        waiting.clear()
 
     def _stop_reason(self, started: float) -> StopReason | None:
         options = self.options
@@ -362,10 +565,18 @@ class Worker:
         reservation expire. A job that succeeded with nothing to enqueue after
         it waits for its batch's DELETE (see ``_finish_done``).
         """
+        self._begin(job)
+        outcome = self._cancelled_before(job) if job.cancel else self._execute(job)
+        self._conclude(job, outcome)
+        return outcome
+
+    def _begin(self, job: Job) -> None:
         self.processed += 1
         self.heartbeat.hold([job])
         _send(signals.job_started, job=job, worker_id=self.worker_id)
-        outcome = self._cancelled_before(job) if job.cancel else self._execute(job)
+
+    def _conclude(self, job: Job, outcome: Outcome) -> None:
+        """Record the outcome of a job that ran (or batch its DELETE), then report it."""
         if self._lost_connection(job, outcome):
             outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True, counts_exception=False)
         duration = outcome.duration
@@ -383,11 +594,10 @@ class Worker:
             # Deleted with the next claim, or now if the batch runs long.
             if self._prefetched and time.monotonic() - self._done_since >= self.options.batch_window:
                 self._finish_done()
-            return outcome
+            return
         stored, failed_job = self._store(job, outcome, follow_ups, keep=keep)
         self.heartbeat.drop(job)
         self._after_store(job, outcome, stored, failed_job)
-        return outcome
 
     def _cancelled_before(self, job: Job) -> Outcome:
         """The outcome of a claimed job that carries a cancel request: it was asked to
@@ -397,6 +607,10 @@ class Worker:
 
     def _on_cancel(self, job: Job, level: int) -> None:
         """Called from the heartbeat's thread when a cancel request for ``job`` is seen."""
+        if self._pool is not None:
+            if level >= CANCEL_HARD:
+                self._pool.interrupt(job, JobCancelled(f"{job.name} (job {job.pk}) was cancelled and stopped (hard)"))
+            return
         current = self._current
         if level >= CANCEL_HARD and current is not None and current.pk == job.pk and current.attempts == job.attempts:
             self._timer.interrupt(JobCancelled(f"{job.name} (job {job.pk}) was cancelled and stopped (hard)"))
@@ -409,8 +623,10 @@ class Worker:
             return False
         if not caused_by_lost_connection(outcome.exception):
             return False
-        # The job's connection is the worker's: open a fresh one for what follows.
-        drop_connection()
+        if self._pool is None:
+            # The job's connection is the worker's: open a fresh one for what follows.
+            # (A pool thread drops its own.)
+            drop_connection()
         if outcome.snoozed:
             return False  # given back already, with the job's own delay
         if job.given_back >= MAX_GIVE_BACKS:
@@ -667,11 +883,11 @@ class Worker:
         self.wait(delay, until_stop=False)
         return lost
 
-    def wait(self, seconds: float, *, until_stop: bool = True, listen: bool = False) -> None:
+    def wait(self, seconds: float, *, until_stop: bool = True, listen: bool = False) -> bool:
         """Sleep up to ``seconds``; a stop signal wakes the worker at once, and with
-        ``listen`` so does a new job (PostgreSQL NOTIFY)."""
+        ``listen`` so does a new job (PostgreSQL NOTIFY): then return True."""
         if seconds <= 0 or (until_stop and self.stop_requested):
-            return
+            return False
         self._timer.pause()
         waiting_on = [self._wake_r]
         listen_fd = self._listener.fileno() if listen and self._listener is not None else None
@@ -679,15 +895,21 @@ class Worker:
             waiting_on.append(listen_fd)
         ready, _, _ = select.select(waiting_on, [], [], seconds)
         if self._wake_r in ready:
-            os.read(self._wake_r, 64)
+            os.read(self._wake_r, 4096)
         if listen_fd is not None and listen_fd in ready and self._listener is not None:
             self._listener.drain()
+            return True
+        return False
 
     # -- signals ---------------------------------------------------------------
 
     def request_stop(self) -> None:
         """Finish the current job, then stop."""
         self.stop_requested = True
+        self._poke()
+
+    def _poke(self) -> None:
+        """Wake the main thread from ``wait`` (from any thread, or a signal handler)."""
         try:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
@@ -701,6 +923,8 @@ class Worker:
                 self.worker_id,
                 signal.Signals(signum).name,
             )
+            self.request_stop()
+        elif self._pool is not None:
             self.request_stop()
         elif self.in_job:
             logger.warning("stopping now worker_id=%s: releasing the current job", self.worker_id)

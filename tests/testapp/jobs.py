@@ -360,3 +360,51 @@ def snooze_then_raise(context: JobContext, key: str) -> None:
     if context.attempt % 2:
         context.snooze(0)
     raise RuntimeError(f"{key}: attempt {context.attempt} fails")
+
+
+# -- jobs that wait (queue_work --threads / --async-concurrency) -------------------
+
+
+@job(retry_after=60, tries=3)
+def wait_and_record(key: str, seconds: float) -> None:
+    """Waits like a network call, then records its run (thread, pid) in the database."""
+    import threading
+
+    time.sleep(seconds)
+    Run.objects.create(key=key, pid=os.getpid(), note=threading.current_thread().name)
+
+
+@job(retry_after=60, tries=3)
+async def async_wait_and_record(key: str, seconds: float) -> None:
+    """Awaits like an HTTP call, then records its run through Django's async ORM API."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    await Run.objects.acreate(key=key, pid=os.getpid(), note="loop")
+
+
+@job(tries=1, timeout=1, retry_after=30)
+async def async_past_timeout(key: str) -> None:
+    import asyncio
+
+    await Attempt.objects.acreate(key=key, attempt=0)
+    await asyncio.sleep(10)
+    await Run.objects.acreate(key=key)
+
+
+@job(tries=1, timeout=1, retry_after=30)
+async def async_block_loop(key: str) -> None:
+    """Blocks the event loop (a sync sleep in an async job): no await can cancel it."""
+    await Attempt.objects.acreate(key=key, attempt=0)
+    time.sleep(30)
+    await Run.objects.acreate(key=key)
+
+
+@job(tries=1, timeout=1, retry_after=30)
+def busy_past_timeout(key: str) -> None:
+    """Python code past its timeout: interruptible in a thread."""
+    Attempt.objects.create(key=key, attempt=0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pass
+    Run.objects.create(key=key)

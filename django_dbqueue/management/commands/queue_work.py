@@ -9,11 +9,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_dbqueue import conf, registry
-from django_dbqueue.checks import check_worker, check_worker_queues
+from django_dbqueue.checks import check_worker, check_worker_connections, check_worker_queues
 from django_dbqueue.execution import Defaults
 from django_dbqueue.management.options import backoff, number, queue_list, seconds, tries
 from django_dbqueue.supervisor import Supervisor
-from django_dbqueue.worker import BATCH_WINDOW, DEFAULT_BATCH, StopReason, Worker, WorkerOptions
+from django_dbqueue.worker import BATCH_WINDOW, DEFAULT_BATCH, MAX_ASYNC, MAX_THREADS, StopReason, Worker, WorkerOptions
 
 # Laravel's queue:work exits with 12 when it stops for memory.
 EXIT_MEMORY = 12
@@ -92,13 +92,33 @@ class Command(BaseCommand):
             help="Run N worker processes under a supervisor that restarts any that "
             "die (default: one worker in this process).",
         )
+        parser.add_argument(
+            "--threads",
+            type=number(int, 1, "a whole number", maximum=MAX_THREADS),
+            default=1,
+            help="Run up to N sync jobs at once in this process, each in its own thread "
+            "with its own database connection; for jobs that wait on the network "
+            "(default: 1, jobs run one at a time in the main thread).",
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=number(int, 0, "a whole number", maximum=MAX_ASYNC),
+            default=0,
+            help="Run up to N 'async def' jobs at once on one event loop in this process "
+            "(default: 0, an async job runs like a sync one).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = conf.get_settings()
         self._configure_logging(options["verbosity"])
         timeout = options["timeout"] if options["timeout"] is not None else settings["TIMEOUT"]
         queues = options["queue"] or [settings["QUEUE"]]
-        for message in [*check_worker_queues(queues), *check_worker(options["concurrency"], timeout or None)]:
+        concurrency = options["concurrency"] or 1
+        for message in [
+            *check_worker_queues(queues),
+            *check_worker(options["concurrency"], timeout or None),
+            *check_worker_connections(concurrency, options["threads"], options["async_concurrency"]),
+        ]:
             self.stderr.write(self.style.WARNING(str(message)))
         if not registry.all_definitions():
             self.stderr.write(
@@ -120,6 +140,8 @@ class Command(BaseCommand):
             stop_when_empty=options["stop_when_empty"],
             once=options["once"],
             batch=options["batch"],
+            threads=options["threads"],
+            async_concurrency=options["async_concurrency"],
         )
         if options["concurrency"]:
             if options["once"]:

@@ -1,0 +1,464 @@
+"""Run many jobs at once in one worker process: sync jobs in threads, ``async def``
+jobs on one event loop (``queue_work --threads N --async-concurrency M``).
+
+The worker's main thread stays the only one that claims jobs and stores
+outcomes; the pool only runs them. It hands each claimed job to a free thread
+(or to the event loop), and the thread hands back an ``Outcome``; the worker
+collects outcomes between claims, so a process that runs 32 jobs at once still
+deletes finished jobs and claims new ones with one statement per round trip.
+
+Timeouts. A thread cannot be killed. A job that runs past its timeout gets
+``JobTimeout`` raised in its thread (``PyThreadState_SetAsyncExc``), which
+interrupts Python code but not a call that does not return to the interpreter
+(a long ``time.sleep``, a socket read without a timeout, C code). An asyncio job
+is cancelled at its next ``await`` (``asyncio.timeout``); one that blocks the
+loop is as stuck as such a thread. A job still running ``timeout_grace``
+seconds after its timeout makes the worker end the process in order: that job
+is recorded as timed out (it spends a try), every other job the process holds
+is handed back at once without spending one, and the process exits with
+``EXIT_TIMED_OUT`` for its supervisor (``--concurrency``, systemd, Kubernetes)
+to start a fresh one. If the interpreter itself is blocked (C code holding the
+GIL), ``faulthandler`` ends the process a little later, as in a one-job worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import dataclasses
+import faulthandler
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from . import registry
+from .db import caused_by_lost_connection, drop_connection
+from .exceptions import JobTimeout
+from .execution import (
+    Defaults,
+    Outcome,
+    Prepared,
+    _hard_stop_later,
+    arun_prepared,
+    cancel_task,
+    outcome_of,
+    prepare_run,
+    run_prepared,
+)
+from .middleware import for_loop
+from .models import Job
+
+logger = logging.getLogger("django_dbqueue")
+
+# Seconds the process-ending watchdog (faulthandler) leaves the worker to end a
+# stuck job in order before it ends the process itself.
+LAST_RESORT_SLACK = 10.0
+
+
+def connections_per_process(threads: int, async_slots: int) -> int:
+    """The most database connections one worker process opens: one per job thread
+    (opened by a job's first query), the main thread's (claims and outcomes), the
+    heartbeat's, the LISTEN connection (PostgreSQL), the progress writer, and with
+    an event loop the thread Django's ``sync_to_async`` runs ORM calls in."""
+    if threads <= 1 and not async_slots:
+        return 4  # jobs run on the main thread's connection
+    return threads + 4 + (1 if async_slots else 0)
+
+
+class _Interrupt(BaseException):
+    """Raised in a pool thread by another thread; the run's ``reason`` says why."""
+
+
+def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    """Raise ``exc_type`` in the thread ``thread_id`` when it next runs Python code
+    (None clears one not raised yet)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else None
+    )
+
+
+@dataclasses.dataclass(eq=False)
+class Run:
+    """A job handed to the pool, until the worker collects its outcome."""
+
+    job: Job
+    on_loop: bool
+    prepared: Prepared | None = None
+    # Monotonic times: when the job is interrupted (threads; asyncio enforces its
+    # own) and when the process is ended for it. None: no timeout.
+    soft_at: float | None = None
+    hard_at: float | None = None
+    # The exception the job is to end with once interrupted (timeout, cancel, stop).
+    reason: BaseException | None = None
+    interrupted: bool = False
+    thread: _Thread | None = None
+    task: asyncio.Task[Any] | None = None
+
+
+class _Thread:
+    """One pool thread: runs jobs from the pool's queue, one at a time."""
+
+    def __init__(self, pool: Pool, number: int) -> None:
+        self.pool = pool
+        self.run: Run | None = None
+        # Inside the job's time limit: an interrupt may be raised in it.
+        self.in_limit = False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self.main, name=f"dbqueue-job-{number}", daemon=True)
+        self.ident = 0
+
+    def main(self) -> None:
+        self.ident = threading.get_ident()
+        pool = self.pool
+        try:
+            while True:
+                run = pool._thread_jobs.get()
+                if run is None:
+                    return
+                try:
+                    outcome = self.execute(run)
+                except BaseException as exc:  # noqa: BLE001 - nothing a job does may end a pool thread
+                    outcome = _internal_error(run, exc)
+                pool._finished(run, outcome)
+        finally:
+            connections.close_all()
+
+    def execute(self, run: Run) -> Outcome:
+        pool = self.pool
+        self.run = run
+        run.thread = self
+        try:
+            prepared = prepare_run(
+                run.job, worker_id=pool.worker_id, defaults=pool.defaults, cancel_probe=pool._cancel_probe(run.job)
+            )
+            if isinstance(prepared, Outcome):
+                return prepared
+            run.prepared = prepared
+            if run.reason is not None:
+                # Interrupted (a forced stop, a hard cancel) before it started.
+                return outcome_of(prepared, run.reason, pool.defaults)
+            outcome = run_prepared(prepared, pool.defaults, self)
+            if isinstance(outcome.exception, _Interrupt):
+                # Raised just as the run left its time limit: still the interrupt's reason.
+                outcome = outcome_of(prepared, run.reason or JobTimeout("interrupted"), pool.defaults)
+            return outcome
+        finally:
+            self.run = None
+            _reset_connections(run)
+
+    # -- the timer interface execution.run_prepared uses (see JobTimer) --------
+
+    @contextmanager
+    def limit(self, seconds: int | None) -> Iterator[None]:
+        run = self.run
+        assert run is not None
+        with self.lock:
+            # The deadlines were set by ``submit`` (the main thread watches them).
+            self.in_limit = True
+        try:
+            yield
+        except _Interrupt:
+            reason = run.reason or JobTimeout("the job was interrupted")
+            raise reason from None
+        finally:
+            with self.lock:
+                self.in_limit = False
+                # An interrupt requested but not raised yet must not hit the pool's own code.
+                _raise_in_thread(self.ident, None)
+
+    def interrupt(self, run: Run, reason: BaseException) -> bool:
+        """Raise ``reason`` in this thread's job; False if it no longer runs it."""
+        with self.lock:
+            if self.run is not run or not self.in_limit:
+                return False
+            run.reason = reason
+            _raise_in_thread(self.ident, _Interrupt)
+            return True
+
+
+def _internal_error(run: Run, exc: BaseException) -> Outcome:
+    """The outcome of a run the pool's own code failed around: given back, no try spent."""
+    logger.error("job=%s id=%s: the pool failed to run it; given back", run.job.name, run.job.pk, exc_info=exc)
+    return Outcome("released", 0, exception=exc, error=f"{type(exc).__name__}: {exc}", given_back=True)
+
+
+def _reset_connections(run: Run) -> None:
+    """Leave this thread's database connections fit for the next job.
+
+    A job that left a transaction open, or changed autocommit, gets its
+    connection closed; a broken one is closed (the next job opens a fresh one).
+    A healthy connection stays open: a job thread is long-lived, like the worker.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        try:
+            if connection.in_atomic_block or not connection.get_autocommit():
+                logger.warning(
+                    "job=%s id=%s left a transaction open on %r: rolled back and closed",
+                    run.job.name,
+                    run.job.pk,
+                    connection.alias,
+                )
+                raw, connection.connection = connection.connection, None
+                try:
+                    raw.close()
+                except Exception:  # noqa: BLE001 - it is being thrown away
+                    pass
+                del connections[connection.alias]
+            elif connection.errors_occurred and not connection.is_usable():
+                drop_connection(connection.alias)
+        except DatabaseError:
+            drop_connection(connection.alias)
+
+
+class Pool:
+    """Up to ``threads`` sync jobs in threads and ``async_slots`` async jobs on one loop."""
+
+    def __init__(
+        self,
+        *,
+        threads: int,
+        async_slots: int,
+        defaults: Defaults,
+        worker_id: str,
+        cancel_level: Callable[[Job], int],
+        wake: Callable[[], None],
+    ) -> None:
+        self.threads = max(1, threads)
+        self.async_slots = async_slots
+        self.defaults = defaults
+        self.worker_id = worker_id
+        # heartbeat.cancel_level(job): the cancel request seen for a job.
+        self._cancel_level = cancel_level
+        # Called from any thread when an outcome is ready.
+        self._wake = wake
+        self._thread_jobs: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        self._outcomes: collections.deque[tuple[Run, Outcome]] = collections.deque()
+        self._pool_threads: list[_Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        # Job id -> its run, for every job handed to the pool and not collected yet.
+        self.runs: dict[int, Run] = {}
+        self._on_threads = 0
+        self._on_loop = 0
+        # When the process-ending watchdog is armed to fire (monotonic); 0: not armed.
+        self._last_resort_at = 0.0
+
+    # -- life ------------------------------------------------------------------
+
+    def start(self) -> Pool:
+        for number in range(self.threads):
+            pool_thread = _Thread(self, number + 1)
+            self._pool_threads.append(pool_thread)
+            pool_thread.thread.start()
+        if self.async_slots:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="dbqueue-loop", daemon=True)
+            self._loop_thread.start()
+        return self
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop(wait=1.0)
+
+    def stop(self, wait: float = 5.0) -> None:
+        """End the threads and the loop (after the jobs they run, up to ``wait`` seconds)."""
+        for _ in self._pool_threads:
+            self._thread_jobs.put(None)
+        deadline = time.monotonic() + wait
+        for pool_thread in self._pool_threads:
+            pool_thread.thread.join(max(0.0, deadline - time.monotonic()))
+        if self._loop is not None and self._loop_thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(max(0.0, deadline - time.monotonic()))
+            if not self._loop_thread.is_alive():
+                self._loop.close()
+        self._disarm_last_resort()
+
+    # -- capacity ----------------------------------------------------------------
+
+    @property
+    def busy(self) -> int:
+        return len(self.runs)
+
+    @property
+    def capacity(self) -> int:
+        return self.threads + self.async_slots
+
+    def on_loop(self, job: Job) -> bool:
+        """Tell whether ``job`` would run on the event loop (an ``async def`` job, with slots for it)."""
+        if not self.async_slots:
+            return False
+        try:
+            definition = registry.get(job.name)
+        except Exception:  # noqa: BLE001 - an unknown name fails in a thread, with its reason
+            return False
+        return inspect.iscoroutinefunction(definition.func)
+
+    def has_room(self, on_loop: bool) -> bool:
+        return self._on_loop < self.async_slots if on_loop else self._on_threads < self.threads
+
+    # -- running -------------------------------------------------------------------
+
+    def submit(self, job: Job, on_loop: bool) -> None:
+        """Start ``job`` on a free thread or loop slot (see ``has_room``)."""
+        run = Run(job, on_loop=False)
+        self.runs[job.pk] = run
+        if on_loop:
+            assert self._loop is not None
+            prepared = prepare_run(
+                job, worker_id=self.worker_id, defaults=self.defaults, cancel_probe=self._cancel_probe(job)
+            )
+            if isinstance(prepared, Outcome):
+                self._finished(run, prepared)
+                return
+            if for_loop(prepared.middleware()) is not None:
+                run.on_loop = True
+                run.prepared = prepared
+                seconds = prepared.timeout or self.defaults.timeout
+                if seconds:
+                    run.hard_at = time.monotonic() + seconds + self.defaults.timeout_grace
+                self._on_loop += 1
+                self._loop.call_soon_threadsafe(self._start_task, run)
+                return
+            # A sync middleware wraps it: it runs in a thread (asgiref's async_to_sync).
+        seconds = job.timeout or self.defaults.timeout
+        if seconds:
+            run.soft_at = time.monotonic() + seconds
+            run.hard_at = run.soft_at + self.defaults.timeout_grace
+        self._on_threads += 1
+        self._thread_jobs.put(run)
+
+    def _start_task(self, run: Run) -> None:
+        # In the loop's thread.
+        assert self._loop is not None
+        run.task = self._loop.create_task(self._run_on_loop(run))
+
+    async def _run_on_loop(self, run: Run) -> None:
+        assert run.prepared is not None
+        try:
+            outcome = await arun_prepared(run.prepared, self.defaults)
+        except BaseException as exc:  # noqa: BLE001 - the loop must live on
+            outcome = _internal_error(run, exc)
+        self._finished(run, outcome)
+
+    def _finished(self, run: Run, outcome: Outcome) -> None:
+        # Any thread. deque.append is atomic.
+        if outcome.exception is not None and not run.on_loop and caused_by_lost_connection(outcome.exception):
+            # The job's own connection broke: the thread opens a fresh one for its next job.
+            drop_connection()
+        self._outcomes.append((run, outcome))
+        self._wake()
+
+    def collect(self) -> list[tuple[Job, Outcome]]:
+        """The outcomes of the jobs that finished since the last call."""
+        done = []
+        while self._outcomes:
+            run, outcome = self._outcomes.popleft()
+            if self.runs.get(run.job.pk) is not run:
+                continue  # given up on already (a forced stop)
+            del self.runs[run.job.pk]
+            if run.on_loop:
+                self._on_loop -= 1
+            else:
+                self._on_threads -= 1
+            done.append((run.job, outcome))
+        return done
+
+    def _cancel_probe(self, job: Job) -> Callable[[], int]:
+        return lambda: self._cancel_level(job)
+
+    # -- interrupting --------------------------------------------------------------
+
+    def interrupt(self, job: Job, reason: BaseException) -> bool:
+        """End ``job``'s run with ``reason`` (a hard cancel, a forced stop) as soon as it
+        runs Python code or awaits; the process is ended if it is still stuck
+        ``timeout_grace`` seconds later. False if the pool does not run that job now."""
+        run = self.runs.get(job.pk)
+        if run is None or run.job.attempts != job.attempts:
+            return False
+        grace_end = time.monotonic() + self.defaults.timeout_grace
+        run.hard_at = grace_end if run.hard_at is None else min(run.hard_at, grace_end)
+        run.interrupted = True
+        if run.on_loop:
+            if self._loop is not None:
+                # Scheduled after the task's start: run.task is set by then.
+                self._loop.call_soon_threadsafe(self._cancel_task, run, reason)
+            return True
+        if run.thread is not None:
+            return run.thread.interrupt(run, reason)
+        run.reason = reason
+        return True
+
+    @staticmethod
+    def _cancel_task(run: Run, reason: BaseException) -> None:
+        # In the loop's thread, after the task's start (call_soon is first in, first out).
+        if run.task is not None and not run.task.done():
+            cancel_task(run.task, reason)
+
+    def interrupt_all(self, reason_for: Callable[[Job], BaseException]) -> None:
+        for run in list(self.runs.values()):
+            self.interrupt(run.job, reason_for(run.job))
+
+    def check_deadlines(self) -> tuple[Run | None, float | None]:
+        """Interrupt thread jobs past their timeout; return a job still running past its
+        timeout plus grace (the process must end), and when to look again."""
+        now = time.monotonic()
+        next_look: float | None = None
+        stuck = None
+        for run in list(self.runs.values()):
+            if run.hard_at is not None and run.hard_at <= now:
+                stuck = stuck or run
+                continue
+            if run.soft_at is not None and not run.on_loop:
+                if run.soft_at <= now:
+                    if not run.interrupted and run.thread is not None:
+                        seconds = run.job.timeout or self.defaults.timeout
+                        run.interrupted = run.thread.interrupt(
+                            run, JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+                        )
+                else:
+                    next_look = run.soft_at if next_look is None else min(next_look, run.soft_at)
+            if run.hard_at is not None:
+                next_look = run.hard_at if next_look is None else min(next_look, run.hard_at)
+        self._arm_last_resort()
+        return stuck, next_look
+
+    def _arm_last_resort(self) -> None:
+        """Keep faulthandler's watchdog armed to end the process ``LAST_RESORT_SLACK``
+        seconds after the earliest hard stop, should the worker itself be blocked."""
+        earliest = min((run.hard_at for run in self.runs.values() if run.hard_at is not None), default=None)
+        if earliest is None:
+            self._disarm_last_resort()
+            return
+        wanted = earliest + LAST_RESORT_SLACK
+        # Re-arming starts a thread: keep an arming that fires after the wanted time,
+        # by at most one more slack.
+        if wanted <= self._last_resort_at <= wanted + LAST_RESORT_SLACK:
+            return
+        _hard_stop_later(max(0.001, wanted - time.monotonic()))
+        self._last_resort_at = wanted
+
+    def _disarm_last_resort(self) -> None:
+        if self._last_resort_at:
+            faulthandler.cancel_dump_traceback_later()
+            self._last_resort_at = 0.0
+
+    def abandon(self) -> list[Job]:
+        """Forget every job still handed out (their threads or tasks may still run);
+        return them, for the worker to give back."""
+        jobs = [run.job for run in self.runs.values()]
+        self.runs.clear()
+        self._on_threads = self._on_loop = 0
+        return jobs
