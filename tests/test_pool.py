@@ -16,7 +16,7 @@ from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.worker import EXIT_TIMED_OUT
 from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
-from tests.testapp.models import Attempt, Run
+from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance]
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance]
 def test_threads_in_process_run_jobs_at_once():
     enqueue_many(jobs.wait_and_record.bind(f"t-{i}", 0.3) for i in range(16))
     started = time.monotonic()
-    worker, reason = run_worker(threads=8)
+    run_worker(threads=8)
     elapsed = time.monotonic() - started
     assert Run.objects.count() == 16
     assert not Job.objects.exists() and not FailedJob.objects.exists()
@@ -36,7 +36,7 @@ def test_threads_in_process_run_jobs_at_once():
 def test_async_jobs_share_one_loop():
     enqueue_many(jobs.async_wait_and_record.bind(f"a-{i}", 0.5) for i in range(200))
     started = time.monotonic()
-    worker, reason = run_worker(async_concurrency=200)
+    run_worker(async_concurrency=200)
     elapsed = time.monotonic() - started
     assert Run.objects.filter(note="loop").count() == 200
     assert not Job.objects.exists() and not FailedJob.objects.exists()
