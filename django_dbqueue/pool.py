@@ -250,6 +250,8 @@ class Pool:
         self.runs: dict[int, Run] = {}
         self._on_threads = 0
         self._on_loop = 0
+        # When check_deadlines next scans the runs (monotonic); None: no deadline.
+        self._next_look: float | None = None
         # When the process-ending watchdog is armed to fire (monotonic); 0: not armed.
         self._last_resort_at = 0.0
 
@@ -329,6 +331,7 @@ class Pool:
                 seconds = prepared.timeout or self.defaults.timeout
                 if seconds:
                     run.hard_at = time.monotonic() + seconds + self.defaults.timeout_grace
+                    self._look_by(run.hard_at, run.hard_at)
                 self._on_loop += 1
                 self._loop.call_soon_threadsafe(self._start_task, run)
                 return
@@ -337,6 +340,7 @@ class Pool:
         if seconds:
             run.soft_at = time.monotonic() + seconds
             run.hard_at = run.soft_at + self.defaults.timeout_grace
+            self._look_by(run.soft_at, run.hard_at)
         self._on_threads += 1
         self._thread_jobs.put(run)
 
@@ -390,6 +394,7 @@ class Pool:
             return False
         grace_end = time.monotonic() + self.defaults.timeout_grace
         run.hard_at = grace_end if run.hard_at is None else min(run.hard_at, grace_end)
+        self._look_by(run.hard_at)
         run.interrupted = True
         if run.on_loop:
             if self._loop is not None:
@@ -413,8 +418,14 @@ class Pool:
 
     def check_deadlines(self) -> tuple[Run | None, float | None]:
         """Interrupt thread jobs past their timeout; return a job still running past its
-        timeout plus grace (the process must end), and when to look again."""
+        timeout plus grace (the process must end), and when to look again.
+
+        Cheap between deadlines: the runs are scanned only once the earliest
+        deadline seen is due (a finished run's deadline just causes one idle scan).
+        """
         now = time.monotonic()
+        if self._next_look is None or now < self._next_look:
+            return None, self._next_look
         next_look: float | None = None
         stuck = None
         for run in list(self.runs.values()):
@@ -428,12 +439,26 @@ class Pool:
                         run.interrupted = run.thread.interrupt(
                             run, JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
                         )
+                    if not run.interrupted:
+                        # Not in its time limit yet (still preparing): look again soon.
+                        next_look = min(next_look or now + 0.05, now + 0.05)
                 else:
                     next_look = run.soft_at if next_look is None else min(next_look, run.soft_at)
             if run.hard_at is not None:
                 next_look = run.hard_at if next_look is None else min(next_look, run.hard_at)
+        self._next_look = next_look
         self._arm_last_resort()
         return stuck, next_look
+
+    def _look_by(self, at: float | None, hard_at: float | None = None) -> None:
+        """Make ``check_deadlines`` look at the runs by ``at`` (monotonic); with a new run's
+        ``hard_at``, arm the last-resort watchdog if it is not armed (the next scan
+        adjusts it)."""
+        if at is not None and (self._next_look is None or at < self._next_look):
+            self._next_look = at
+        if hard_at is not None and not self._last_resort_at:
+            _hard_stop_later(max(0.001, hard_at + LAST_RESORT_SLACK - time.monotonic()))
+            self._last_resort_at = hard_at + LAST_RESORT_SLACK
 
     def _arm_last_resort(self) -> None:
         """Keep faulthandler's watchdog armed to end the process ``LAST_RESORT_SLACK``
