@@ -131,7 +131,7 @@ class JobTimer:
         if not self._entered or not self._in_job:
             return False
         self._interrupt = exc
-        _hard_stop_later(self.grace + HARD_STOP_SLACK)
+        hard_stop_later(self.grace + HARD_STOP_SLACK)
         self._hard_stop_at = time.monotonic() + self.grace + HARD_STOP_SLACK
         signal.setitimer(signal.ITIMER_REAL, 0.001)
         return True
@@ -152,7 +152,7 @@ class JobTimer:
                 # Keep the armed watchdog only if it fires after this job's hard stop, and
                 # not more than HARD_STOP_SLACK later.
                 if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
-                    _hard_stop_later(seconds + self.grace + HARD_STOP_SLACK)
+                    hard_stop_later(seconds + self.grace + HARD_STOP_SLACK)
                     self._hard_stop_at = needed + HARD_STOP_SLACK
                 self._armed = True
                 signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -176,7 +176,7 @@ class JobTimer:
 HARD_STOP_SLACK = 1.0
 
 
-def _hard_stop_later(seconds: float) -> None:
+def hard_stop_later(seconds: float) -> None:
     """End the process after ``seconds`` unless cancelled, printing where it was stuck."""
     for stream in (sys.stderr, sys.__stderr__):
         try:
@@ -401,6 +401,11 @@ def cancel_task(task: asyncio.Task[Any], reason: BaseException) -> None:
     """Cancel a job's task so that it ends with ``reason`` (JobCancelled, WorkerStopped)."""
     _cancel_reasons[id(task)] = reason
     task.cancel()
+
+
+def cancel_reason(task: asyncio.Task[Any] | None) -> BaseException | None:
+    """The reason ``cancel_task`` gave for cancelling ``task`` (forgotten once read)."""
+    return _cancel_reasons.pop(id(task), None)
 
 
 def outcome_of(prepared: Prepared, exc: BaseException, defaults: Defaults) -> Outcome:

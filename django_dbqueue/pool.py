@@ -37,18 +37,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections
 
 from . import registry
 from .db import caused_by_lost_connection, drop_connection
-from .exceptions import JobTimeout
+from .exceptions import JobTimeout, WorkerStopped
 from .execution import (
     Defaults,
     Outcome,
     Prepared,
-    _hard_stop_later,
     arun_prepared,
+    cancel_reason,
     cancel_task,
+    hard_stop_later,
     outcome_of,
     prepare_run,
     run_prepared,
@@ -58,6 +60,8 @@ from .models import Job
 
 logger = logging.getLogger("django_dbqueue")
 
+# Seconds between two looks at the running jobs' deadlines.
+SCAN_INTERVAL = 0.1
 # Seconds the process-ending watchdog (faulthandler) leaves the worker to end a
 # stuck job in order before it ends the process itself.
 LAST_RESORT_SLACK = 10.0
@@ -99,8 +103,19 @@ class Run:
     # The exception the job is to end with once interrupted (timeout, cancel, stop).
     reason: BaseException | None = None
     interrupted: bool = False
+    # Taken by a thread or given a loop slot: the job runs (until then it waits in the pool).
+    started: bool = False
     thread: _Thread | None = None
     task: asyncio.Task[Any] | None = None
+
+    def start_clock(self, defaults: Defaults) -> None:
+        """Set the run's deadlines as it starts (the worker's scan watches them)."""
+        self.started = True
+        seconds = self.job.timeout or defaults.timeout
+        if seconds:
+            if not self.on_loop:
+                self.soft_at = time.monotonic() + seconds
+            self.hard_at = time.monotonic() + seconds + defaults.timeout_grace
 
 
 class _Thread:
@@ -123,8 +138,10 @@ class _Thread:
                 run = pool._thread_jobs.get()
                 if run is None:
                     return
+                outcome: Outcome | None = None
                 try:
-                    outcome = self.execute(run)
+                    if not pool.stopping:
+                        outcome = self.execute(run)
                 except BaseException as exc:  # noqa: BLE001 - nothing a job does may end a pool thread
                     outcome = _internal_error(run, exc)
                 pool._finished(run, outcome)
@@ -135,6 +152,7 @@ class _Thread:
         pool = self.pool
         self.run = run
         run.thread = self
+        run.start_clock(pool.defaults)
         try:
             prepared = prepare_run(
                 run.job, worker_id=pool.worker_id, defaults=pool.defaults, cancel_probe=pool._cancel_probe(run.job)
@@ -242,16 +260,20 @@ class Pool:
         # Called from any thread when an outcome is ready.
         self._wake = wake
         self._thread_jobs: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
-        self._outcomes: collections.deque[tuple[Run, Outcome]] = collections.deque()
+        # Outcomes to collect; None: the job was not started (the pool is stopping).
+        self._outcomes: collections.deque[tuple[Run, Outcome | None]] = collections.deque()
+        # Set when the worker stops: jobs not started yet come back unrun.
+        self.stopping = False
+        # Loop jobs: what is to be started in the loop's thread, and its slots (made there).
+        self._to_loop: list[Run] = []
+        self._loop_slots: asyncio.Semaphore | None = None
         self._pool_threads: list[_Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         # Job id -> its run, for every job handed to the pool and not collected yet.
         self.runs: dict[int, Run] = {}
-        self._on_threads = 0
-        self._on_loop = 0
-        # When check_deadlines next scans the runs (monotonic); None: no deadline.
-        self._next_look: float | None = None
+        # When check_deadlines next scans the runs (monotonic).
+        self._next_scan = 0.0
         # When the process-ending watchdog is armed to fire (monotonic); 0: not armed.
         self._last_resort_at = 0.0
 
@@ -282,6 +304,12 @@ class Pool:
         for pool_thread in self._pool_threads:
             pool_thread.thread.join(max(0.0, deadline - time.monotonic()))
         if self._loop is not None and self._loop_thread is not None:
+            # Close the connections of the thread Django's sync_to_async runs ORM calls in.
+            closing = asyncio.run_coroutine_threadsafe(sync_to_async(connections.close_all)(), self._loop)
+            try:
+                closing.result(max(0.1, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - a stuck ORM call keeps its connection until exit
+                logger.warning("the connections of the async ORM thread were not closed")
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(max(0.0, deadline - time.monotonic()))
             if not self._loop_thread.is_alive():
@@ -292,14 +320,15 @@ class Pool:
 
     @property
     def busy(self) -> int:
+        """Jobs handed to the pool and not collected: running, or waiting for a slot."""
         return len(self.runs)
 
     @property
     def capacity(self) -> int:
         return self.threads + self.async_slots
 
-    def on_loop(self, job: Job) -> bool:
-        """Tell whether ``job`` would run on the event loop (an ``async def`` job, with slots for it)."""
+    def _runs_on_loop(self, job: Job) -> bool:
+        """Tell whether ``job`` is an ``async def`` job and the pool has a loop for it."""
         if not self.async_slots:
             return False
         try:
@@ -308,77 +337,83 @@ class Pool:
             return False
         return inspect.iscoroutinefunction(definition.func)
 
-    def has_room(self, on_loop: bool) -> bool:
-        return self._on_loop < self.async_slots if on_loop else self._on_threads < self.threads
-
     # -- running -------------------------------------------------------------------
 
-    def submit(self, job: Job, on_loop: bool) -> None:
-        """Start ``job`` on a free thread or loop slot (see ``has_room``)."""
-        run = Run(job, on_loop=False)
-        self.runs[job.pk] = run
-        if on_loop:
-            assert self._loop is not None
-            prepared = prepare_run(
-                job, worker_id=self.worker_id, defaults=self.defaults, cancel_probe=self._cancel_probe(job)
-            )
-            if isinstance(prepared, Outcome):
-                self._finished(run, prepared)
-                return
-            if for_loop(prepared.middleware()) is not None:
-                run.on_loop = True
-                run.prepared = prepared
-                seconds = prepared.timeout or self.defaults.timeout
-                if seconds:
-                    run.hard_at = time.monotonic() + seconds + self.defaults.timeout_grace
-                    self._look_by(run.hard_at, run.hard_at)
-                self._on_loop += 1
-                self._loop.call_soon_threadsafe(self._start_task, run)
-                return
-            # A sync middleware wraps it: it runs in a thread (asgiref's async_to_sync).
-        seconds = job.timeout or self.defaults.timeout
-        if seconds:
-            run.soft_at = time.monotonic() + seconds
-            run.hard_at = run.soft_at + self.defaults.timeout_grace
-            self._look_by(run.soft_at, run.hard_at)
-        self._on_threads += 1
-        self._thread_jobs.put(run)
+    def submit(self, jobs: list[Job]) -> None:
+        """Hand claimed ``jobs`` to the pool: each runs on the first free thread (sync
+        jobs) or loop slot (async jobs), first come first served."""
+        for job in jobs:
+            run = Run(job, on_loop=False)
+            self.runs[job.pk] = run
+            if self._runs_on_loop(job):
+                # Prepared here (it may fetch model arguments through the ORM, which the
+                # loop's thread may not), then started on the loop.
+                prepared = prepare_run(
+                    job, worker_id=self.worker_id, defaults=self.defaults, cancel_probe=self._cancel_probe(job)
+                )
+                if isinstance(prepared, Outcome):
+                    self._finished(run, prepared)
+                    continue
+                if for_loop(prepared.middleware()) is not None:
+                    run.on_loop = True
+                    run.prepared = prepared
+                    self._to_loop.append(run)
+                    continue
+                # A sync middleware wraps it: it runs in a thread (asgiref's async_to_sync).
+            self._thread_jobs.put(run)
+        if self._to_loop and self._loop is not None:
+            runs, self._to_loop = self._to_loop, []
+            self._loop.call_soon_threadsafe(self._start_tasks, runs)
 
-    def _start_task(self, run: Run) -> None:
+    def _start_tasks(self, runs: list[Run]) -> None:
         # In the loop's thread.
         assert self._loop is not None
-        run.task = self._loop.create_task(self._run_on_loop(run))
+        if self._loop_slots is None:
+            self._loop_slots = asyncio.Semaphore(self.async_slots)
+        for run in runs:
+            run.task = self._loop.create_task(self._run_on_loop(run, self._loop_slots))
 
-    async def _run_on_loop(self, run: Run) -> None:
+    async def _run_on_loop(self, run: Run, slots: asyncio.Semaphore) -> None:
         assert run.prepared is not None
+        outcome: Outcome | None = None
         try:
-            outcome = await arun_prepared(run.prepared, self.defaults)
+            async with slots:
+                if not self.stopping:
+                    run.start_clock(self.defaults)
+                    outcome = await arun_prepared(run.prepared, self.defaults)
+        except asyncio.CancelledError:
+            # Cancelled while it waited for a slot: a forced stop (not started), or a cancel.
+            reason = cancel_reason(run.task)
+            if reason is not None and not isinstance(reason, WorkerStopped):
+                outcome = outcome_of(run.prepared, reason, self.defaults)
         except BaseException as exc:  # noqa: BLE001 - the loop must live on
             outcome = _internal_error(run, exc)
         self._finished(run, outcome)
 
-    def _finished(self, run: Run, outcome: Outcome) -> None:
+    def _finished(self, run: Run, outcome: Outcome | None) -> None:
         # Any thread. deque.append is atomic.
-        if outcome.exception is not None and not run.on_loop and caused_by_lost_connection(outcome.exception):
+        if outcome is None:
+            pass
+        elif outcome.exception is not None and not run.on_loop and caused_by_lost_connection(outcome.exception):
             # The job's own connection broke: the thread opens a fresh one for its next job.
             drop_connection()
         self._outcomes.append((run, outcome))
         self._wake()
 
-    def collect(self) -> list[tuple[Job, Outcome]]:
-        """The outcomes of the jobs that finished since the last call."""
+    def collect(self) -> list[tuple[Job, Outcome | None]]:
+        """The outcomes of the jobs that ended since the last call (None: not started)."""
         done = []
         while self._outcomes:
             run, outcome = self._outcomes.popleft()
             if self.runs.get(run.job.pk) is not run:
                 continue  # given up on already (a forced stop)
             del self.runs[run.job.pk]
-            if run.on_loop:
-                self._on_loop -= 1
-            else:
-                self._on_threads -= 1
             done.append((run.job, outcome))
         return done
+
+    @property
+    def has_outcomes(self) -> bool:
+        return bool(self._outcomes)
 
     def _cancel_probe(self, job: Job) -> Callable[[], int]:
         return lambda: self._cancel_level(job)
@@ -394,21 +429,21 @@ class Pool:
             return False
         grace_end = time.monotonic() + self.defaults.timeout_grace
         run.hard_at = grace_end if run.hard_at is None else min(run.hard_at, grace_end)
-        self._look_by(run.hard_at)
         run.interrupted = True
         if run.on_loop:
             if self._loop is not None:
                 # Scheduled after the task's start: run.task is set by then.
                 self._loop.call_soon_threadsafe(self._cancel_task, run, reason)
             return True
-        if run.thread is not None:
-            return run.thread.interrupt(run, reason)
+        if run.thread is not None and run.thread.interrupt(run, reason):
+            return True
+        # Not started yet (or already past its time limit): it ends with the reason if it starts.
         run.reason = reason
         return True
 
     @staticmethod
     def _cancel_task(run: Run, reason: BaseException) -> None:
-        # In the loop's thread, after the task's start (call_soon is first in, first out).
+        # In the loop's thread, after the task's creation (call_soon is first in, first out).
         if run.task is not None and not run.task.done():
             cancel_task(run.task, reason)
 
@@ -420,45 +455,28 @@ class Pool:
         """Interrupt thread jobs past their timeout; return a job still running past its
         timeout plus grace (the process must end), and when to look again.
 
-        Cheap between deadlines: the runs are scanned only once the earliest
-        deadline seen is due (a finished run's deadline just causes one idle scan).
+        The runs are scanned at most every ``SCAN_INTERVAL`` seconds (a deadline is
+        set by the thread or loop that starts the run, so the worker cannot know
+        it sooner), and not at all while the pool is empty.
         """
         now = time.monotonic()
-        if self._next_look is None or now < self._next_look:
-            return None, self._next_look
-        next_look: float | None = None
+        if not self.runs:
+            self._disarm_last_resort()
+            return None, None
+        if now < self._next_scan:
+            return None, self._next_scan
+        self._next_scan = now + SCAN_INTERVAL
         stuck = None
         for run in list(self.runs.values()):
             if run.hard_at is not None and run.hard_at <= now:
                 stuck = stuck or run
-                continue
-            if run.soft_at is not None and not run.on_loop:
-                if run.soft_at <= now:
-                    if not run.interrupted and run.thread is not None:
-                        seconds = run.job.timeout or self.defaults.timeout
-                        run.interrupted = run.thread.interrupt(
-                            run, JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
-                        )
-                    if not run.interrupted:
-                        # Not in its time limit yet (still preparing): look again soon.
-                        next_look = min(next_look or now + 0.05, now + 0.05)
-                else:
-                    next_look = run.soft_at if next_look is None else min(next_look, run.soft_at)
-            if run.hard_at is not None:
-                next_look = run.hard_at if next_look is None else min(next_look, run.hard_at)
-        self._next_look = next_look
+            elif run.soft_at is not None and run.soft_at <= now and not run.interrupted and run.thread is not None:
+                seconds = run.job.timeout or self.defaults.timeout
+                run.interrupted = run.thread.interrupt(
+                    run, JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+                )
         self._arm_last_resort()
-        return stuck, next_look
-
-    def _look_by(self, at: float | None, hard_at: float | None = None) -> None:
-        """Make ``check_deadlines`` look at the runs by ``at`` (monotonic); with a new run's
-        ``hard_at``, arm the last-resort watchdog if it is not armed (the next scan
-        adjusts it)."""
-        if at is not None and (self._next_look is None or at < self._next_look):
-            self._next_look = at
-        if hard_at is not None and not self._last_resort_at:
-            _hard_stop_later(max(0.001, hard_at + LAST_RESORT_SLACK - time.monotonic()))
-            self._last_resort_at = hard_at + LAST_RESORT_SLACK
+        return stuck, self._next_scan
 
     def _arm_last_resort(self) -> None:
         """Keep faulthandler's watchdog armed to end the process ``LAST_RESORT_SLACK``
@@ -472,7 +490,7 @@ class Pool:
         # by at most one more slack.
         if wanted <= self._last_resort_at <= wanted + LAST_RESORT_SLACK:
             return
-        _hard_stop_later(max(0.001, wanted - time.monotonic()))
+        hard_stop_later(max(0.001, wanted - time.monotonic()))
         self._last_resort_at = wanted
 
     def _disarm_last_resort(self) -> None:
@@ -485,5 +503,4 @@ class Pool:
         return them, for the worker to give back."""
         jobs = [run.job for run in self.runs.values()]
         self.runs.clear()
-        self._on_threads = self._on_loop = 0
         return jobs

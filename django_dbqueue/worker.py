@@ -256,18 +256,21 @@ class Worker:
         stopping: StopReason | None = None
         # When the second stop signal interrupted the running jobs (monotonic).
         forced_at: float | None = None
-        # Claimed, waiting for a free slot of their kind: (job, runs on the loop).
-        waiting: collections.deque[tuple[Job, bool]] = collections.deque()
         # No claim before then (monotonic): the queue was found empty.
         next_claim = 0.0
         while True:
             finished = pool.collect()
             for job, outcome in finished:
                 self.heartbeat.stopped(job)
-                self._conclude(job, outcome)
+                if outcome is None:
+                    # Not started: the worker is stopping.
+                    self._give_back(job)
+                    self.heartbeat.drop(job)
+                else:
+                    self._conclude(job, outcome)
             stuck, next_look = pool.check_deadlines()
             if stuck is not None:
-                self._end_stuck(stuck, waiting)
+                self._end_stuck(stuck)
                 return StopReason.TIMED_OUT
             if stopping is None:
                 stopping = self._stop_reason(started)
@@ -282,12 +285,10 @@ class Worker:
                             options.memory,
                         )
                         stopping = StopReason.MEMORY
+                if stopping is not None:
+                    # Jobs not started yet come back unrun (no try spent); running ones finish.
+                    pool.stopping = True
             if stopping is not None:
-                # Jobs not started yet go back (no try spent); running ones finish.
-                while waiting:
-                    job, _ = waiting.popleft()
-                    self._give_back(job)
-                    self.heartbeat.drop(job)
                 if self._signals >= 2 and forced_at is None:
                     forced_at = time.monotonic()
                     logger.warning("stopping now worker_id=%s: interrupting %s job(s)", self.worker_id, pool.busy)
@@ -302,21 +303,13 @@ class Worker:
                         self._give_back(job)
                         self.heartbeat.drop(job)
                     return stopping
-                self._pool_wait(next_look, 0.1 if forced_at is not None else None)
+                self._pool_wait(next_look, None)
                 continue
-            while waiting and pool.has_room(waiting[0][1]):
-                self._start(*waiting.popleft())
-            want = self._pool_claim_size(len(waiting))
+            want = self._pool_claim_size()
             if want > 0 and time.monotonic() >= next_claim:
                 jobs = self.reserve(want)
                 if jobs:
-                    self.heartbeat.hold(jobs)
-                    for job in jobs:
-                        on_loop = pool.on_loop(job)
-                        if not waiting and pool.has_room(on_loop):
-                            self._start(job, on_loop)
-                        else:
-                            waiting.append((job, on_loop))
+                    self._submit(jobs)
                     continue
                 if self._reserve_errors:
                     continue  # its backoff was waited
@@ -337,35 +330,39 @@ class Worker:
             if self._pool_wait(next_look, claim_in, listen=claim_in is not None):
                 next_claim = 0.0
 
-    def _start(self, job: Job, on_loop: bool) -> None:
+    def _submit(self, jobs: list[Job]) -> None:
+        """Hand claimed jobs to the pool (a job that carries a cancel request ends at once)."""
         assert self._pool is not None
-        self._begin(job)
-        if job.cancel:
-            self._pool.runs.pop(job.pk, None)
-            self.heartbeat.stopped(job)
-            self._conclude(job, self._cancelled_before(job))
-            return
-        self.heartbeat.running(job)
-        self._pool.submit(job, on_loop)
+        self.heartbeat.hold(jobs)
+        runnable = []
+        for job in jobs:
+            self._begin(job)
+            if job.cancel:
+                self._conclude(job, self._cancelled_before(job))
+                continue
+            self.heartbeat.running(job)
+            runnable.append(job)
+        self._pool.submit(runnable)
 
-    def _pool_claim_size(self, waiting: int) -> int:
+    def _pool_claim_size(self) -> int:
         """How many jobs a pooled worker claims now: one per free slot, plus as many as
-        its slots finish in about ``batch_window`` (by the recent average run), less
-        those already waiting; none once ``--max-jobs`` are claimed, one with ``--once``."""
+        its slots finish in about ``batch_window`` (by the recent average run), so a
+        freed slot finds its next job waiting; none once ``--max-jobs`` are claimed,
+        one in all with ``--once``."""
         assert self._pool is not None
         pool, options = self._pool, self.options
         if options.once:
-            return 0 if self.processed or pool.busy or waiting else 1
+            return 0 if self.processed else 1
         ahead = 0
         if self._average_run is not None:
             ahead = min(pool.capacity, int(pool.capacity * options.batch_window / max(self._average_run, 1e-4)))
-        want = pool.capacity - pool.busy + ahead - waiting
+        want = pool.capacity + ahead - pool.busy
         if options.max_jobs is not None:
-            want = min(want, options.max_jobs - self.processed - waiting)
+            want = min(want, options.max_jobs - self.processed)
         return max(0, want)
 
     def _pool_outcomes_ready(self) -> bool:
-        return bool(self._pool is not None and self._pool._outcomes)
+        return self._pool is not None and self._pool.has_outcomes
 
     def _pool_wait(self, next_look: float | None, at_most: float | None, *, listen: bool = False) -> bool:
         """Wait for an outcome (the pool pokes the wake pipe), a signal, the next
@@ -379,7 +376,7 @@ class Worker:
             seconds = min(seconds, max(0.0, next_look - time.monotonic()) + 0.001)
         return self.wait(max(seconds, 0.0005), until_stop=False, listen=listen)
 
-    def _end_stuck(self, stuck: Run, waiting: collections.deque[tuple[Job, bool]]) -> None:
+    def _end_stuck(self, stuck: Run) -> None:
         """A job runs past its timeout plus grace and cannot be interrupted: record it as
         timed out, give back every other job this process holds, and let the
         process end (see pool)."""
@@ -395,7 +392,7 @@ class Worker:
             self.options.defaults.timeout_grace,
             "its timeout" if isinstance(reason, JobTimeout) else type(reason).__name__,
             "event loop" if stuck.on_loop else "thread",
-            self._pool.busy - 1 + len(waiting),
+            self._pool.busy - 1,
         )
         running = self._pool.abandon()
         if stuck.prepared is not None:
@@ -404,10 +401,10 @@ class Worker:
             outcome = Outcome("failed", 0, exception=reason, error=str(reason))
         self.heartbeat.stopped(job)
         self._conclude(job, outcome)
-        for other in [*(job_ for job_ in running if job_.pk != job.pk), *(job_ for job_, _ in waiting)]:
-            self._give_back(other)
-            self.heartbeat.drop(other)
-        waiting.clear()
+        for other in running:
+            if other.pk != job.pk:
+                self._give_back(other)
+                self.heartbeat.drop(other)
 
     def _stop_reason(self, started: float) -> StopReason | None:
         options = self.options
