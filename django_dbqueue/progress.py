@@ -7,6 +7,8 @@ logged and dropped. Rows are upserts on ``key``; the last writer wins.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Iterator
@@ -109,10 +111,36 @@ def clamp(percent: float) -> float:
     return round(max(0.0, min(100.0, float(percent))), 2)
 
 
+_offload_lock = threading.Lock()
+_offload: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _in_event_loop() -> bool:
+    return asyncio._get_running_loop() is not None
+
+
+def _write_later(key: str, percent: float, stage: str, finished: bool, failed: bool, error: str) -> bool:
+    """Write from a thread of its own: an ``async def`` job on the worker's loop must not
+    block it, and Django refuses sync database calls there. One thread, so writes
+    keep their order (the last one wins)."""
+    global _offload
+    with _offload_lock:
+        if _offload is None:
+            _offload = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbqueue-progress")
+    _offload.submit(set_progress, key, percent, stage, finished=finished, failed=failed, error=error)
+    return True
+
+
 def set_progress(
     key: str, percent: float, stage: str = "", *, finished: bool = False, failed: bool = False, error: str = ""
 ) -> bool:
-    """Store the progress of ``key``; return False (and log) if it could not be stored."""
+    """Store the progress of ``key``; return False (and log) if it could not be stored.
+
+    Called on a running event loop (an ``async def`` job), the write is handed to a
+    thread and True means it was queued.
+    """
+    if _in_event_loop():
+        return _write_later(key, percent, stage, finished, failed, error)
     row = JobProgress(
         key=key,
         percent=clamp(percent),

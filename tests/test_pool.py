@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from django_dbqueue import enqueue_many
-from django_dbqueue.models import FailedJob, Job
+from django_dbqueue.models import FailedJob, Job, JobProgress
 from django_dbqueue.worker import EXIT_TIMED_OUT
 from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
@@ -70,3 +70,12 @@ def test_a_stuck_thread_ends_the_process_and_the_others_go_back(worker_process):
     assert Job.objects.count() == 7
     assert not Job.objects.reserved().exists()
     assert set(Job.objects.values_list("given_back", flat=True)) == {1}
+
+
+def test_an_async_job_on_the_loop_reports_progress():
+    handle = jobs.async_progress.enqueue("p")
+    run_worker(async_concurrency=4)
+    assert Run.objects.filter(key="p").exists()
+    # Written from the loop through the progress thread, then finished by the worker.
+    row = JobProgress.objects.get(key=str(handle.id))
+    assert row.finished and row.percent == 100
