@@ -408,3 +408,120 @@ def busy_past_timeout(key: str) -> None:
     while time.monotonic() < deadline:
         pass
     Run.objects.create(key=key)
+
+
+@job(takes_context=True, retry_after=60)
+async def async_progress(context: JobContext, key: str) -> None:
+    """Reports progress from the event loop (the write goes through a thread)."""
+    import asyncio
+
+    context.progress(40, "halfway")
+    await asyncio.sleep(0.05)
+    await Run.objects.acreate(key=key, note="loop")
+
+
+# -- test_threads jobs
+
+
+def _wait_interruptibly(seconds: float) -> None:
+    """Wait in short sleeps: Python code runs between them, so an exception raised in
+    the thread (a timeout, a hard cancel, a forced stop) ends the wait at once."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@job(takes_context=True, tries=3, timeout=30, retry_after=60)
+def attempt_and_wait(context: JobContext, key: str, seconds: float, again: float | None = None) -> None:
+    """Records each attempt as it starts, waits ``seconds`` (``again`` on later attempts)
+    where an interrupt can reach it, then records its run with the attempt it was."""
+    import threading
+
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    _wait_interruptibly(seconds if again is None or context.attempt == 1 else again)
+    Run.objects.create(
+        key=key,
+        pid=os.getpid(),
+        note=f"attempt={context.attempt} given_back={context.given_back} thread={threading.current_thread().name}",
+    )
+
+
+@job(takes_context=True, tries=3, timeout=60, retry_after=90)
+def attempt_and_sleep(context: JobContext, key: str, seconds: float) -> None:
+    """Like ``attempt_and_wait`` in one ``time.sleep``: no exception raised in its thread
+    reaches it before the sleep returns."""
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    time.sleep(seconds)
+    Run.objects.create(key=key, pid=os.getpid())
+
+
+_shared_state: dict[str, int] = {}
+
+
+@job(tries=1)
+def thread_unsafe(key: str) -> None:
+    """Leaves a transaction open on its thread's connection, then mutates state shared by
+    every thread while iterating over it, which raises RuntimeError."""
+    from django.db import transaction
+
+    transaction.atomic().__enter__()
+    Attempt.objects.create(key=key, attempt=0)
+    _shared_state[key] = 0
+    for name in _shared_state:
+        _shared_state[f"{name}+"] = 1
+
+
+@job(takes_context=True)
+def progress_and_record(context: JobContext, key: str) -> None:
+    """Reports progress, then records what another connection reads of it."""
+    from django_dbqueue import get_progress
+
+    context.progress(40, "working")
+    seen = get_progress(str(context.job_id))
+    Run.objects.create(key=key, note=f"{seen['percent']:g} {seen['stage']}" if seen else "none")
+
+
+_arrivals: dict[str, int] = {}
+
+
+import threading as _threading  # noqa: E402 - kept with the jobs that use it
+
+_ARRIVAL_LOCK = _threading.Lock()
+
+
+@job(tries=1, timeout=30, retry_after=60)
+def all_at_once(group: str, key: str, total: int) -> None:
+    """Arrives, waits (20 s at most) until ``total`` jobs of ``group`` run at once in this
+    process, then records its run with its thread's name."""
+    with _ARRIVAL_LOCK:
+        _arrivals[group] = _arrivals.get(group, 0) + 1
+    deadline = time.monotonic() + 20
+    while _arrivals[group] < total:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {_arrivals[group]} of {total} jobs of {group} ran at once")
+        time.sleep(0.02)
+    Run.objects.create(key=key, pid=os.getpid(), note=_threading.current_thread().name)
+
+
+@job(tries=1, timeout=30, retry_after=60)
+async def async_all_at_once(group: str, key: str, total: int) -> None:
+    """``all_at_once`` on the event loop: awaits until ``total`` jobs of ``group`` are in flight."""
+    import asyncio
+
+    _arrivals[group] = _arrivals.get(group, 0) + 1
+    deadline = time.monotonic() + 20
+    while _arrivals[group] < total:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {_arrivals[group]} of {total} jobs of {group} were in flight at once")
+        await asyncio.sleep(0.02)
+    await Run.objects.acreate(key=key, pid=os.getpid(), note=_threading.current_thread().name)
+
+
+@job(tries=3, timeout=60, retry_after=90)
+async def async_attempt_and_wait(key: str, seconds: float) -> None:
+    """Records that it started, awaits ``seconds``, then records its run."""
+    import asyncio
+
+    await Attempt.objects.acreate(key=key, attempt=0)
+    await asyncio.sleep(seconds)
+    await Run.objects.acreate(key=key, pid=os.getpid(), note="loop")
