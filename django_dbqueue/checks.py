@@ -295,7 +295,8 @@ def check_worker_connections(processes: int, threads: int, async_slots: int) -> 
     needed = processes * connections_per_process(threads, async_slots)
     connection = connections[conf.get("DATABASE")]
     query = {"postgresql": "SHOW max_connections", "mysql": "SELECT @@max_connections"}.get(connection.vendor)
-    if query is None or needed < 8:
+    # No server is configured for fewer than 20 connections: no need to ask.
+    if query is None or needed < 10:
         return []
     try:
         with connection.cursor() as cursor:

@@ -269,7 +269,7 @@ class Worker:
                 else:
                     self._conclude(job, outcome)
             stuck, next_look = pool.check_deadlines()
-            if stuck is not None:
+            if stuck is not None and forced_at is None:
                 self._end_stuck(stuck)
                 return StopReason.TIMED_OUT
             if stopping is None:
@@ -285,8 +285,9 @@ class Worker:
                             options.memory,
                         )
                         stopping = StopReason.MEMORY
-                if stopping is not None:
+                if stopping is not None and stopping not in (StopReason.MAX_JOBS, StopReason.ONCE):
                     # Jobs not started yet come back unrun (no try spent); running ones finish.
+                    # (Those claimed within --max-jobs run: they are the last ones.)
                     pool.stopping = True
             if stopping is not None:
                 if self._signals >= 2 and forced_at is None:

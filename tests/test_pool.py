@@ -63,7 +63,7 @@ def test_two_processes_of_eight_threads_run_every_job_exactly_once(worker_proces
 def test_a_stuck_thread_ends_the_process_and_the_others_go_back(worker_process):
     jobs.sleep_past_timeout.enqueue("stuck")
     enqueue_many(jobs.wait_and_record.bind(f"o-{i}", 20) for i in range(7))
-    process = worker_process("--threads", "8", "--sleep", "0.05", env={"DBQUEUE_TIMEOUT_GRACE": "1"})
+    process = worker_process("--threads", "8", "--sleep", "0.05", env={"DBQUEUE_TEST_TIMEOUT_GRACE": "1"})
     assert process.wait(timeout=30) == EXIT_TIMED_OUT, process.output()
     failed = FailedJob.objects.get()
     assert failed.name == jobs.sleep_past_timeout.name and "JobTimeout" in failed.exception_class

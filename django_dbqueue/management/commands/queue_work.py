@@ -110,6 +110,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = conf.get_settings()
+        if options["concurrency"] and options["once"]:
+            raise CommandError("--once and --concurrency cannot be combined")
         self._configure_logging(options["verbosity"])
         timeout = options["timeout"] if options["timeout"] is not None else settings["TIMEOUT"]
         queues = options["queue"] or [settings["QUEUE"]]
@@ -144,8 +146,6 @@ class Command(BaseCommand):
             async_concurrency=options["async_concurrency"],
         )
         if options["concurrency"]:
-            if options["once"]:
-                raise CommandError("--once and --concurrency cannot be combined")
             sys.exit(Supervisor(worker_options, options["concurrency"]).run())
         reason = Worker(worker_options).run()
         if reason is StopReason.MEMORY:
