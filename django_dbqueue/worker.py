@@ -29,6 +29,7 @@ from .heartbeat import Heartbeat
 from .listener import Listener
 from .models import CANCEL_HARD, FailedJob, Job, TaskResultRecord
 from .operations import restart_marker
+from .schedules import Ticker
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -90,6 +91,8 @@ class WorkerOptions:
     batch_window: float = BATCH_WINDOW
     # Set by a supervisor: stop when this process is no longer our parent.
     parent_pid: int | None = None
+    # Tick the periodic schedules declared in code (schedules.Ticker).
+    schedule: bool = True
 
 
 def new_worker_id(pid: int | None = None, token: str | None = None) -> str:
@@ -153,7 +156,7 @@ class Worker:
         watch_network()
         self._register()
         logger.info("worker started worker_id=%s queues=%s", self.worker_id, ",".join(self.options.queues))
-        with self.handle_signals(), self.heartbeat.start(), self._timer:
+        with self.handle_signals(), self.heartbeat.start(), self._timer, Ticker(self.worker_id, self.options.schedule):
             try:
                 reason = self._loop(started)
             finally:

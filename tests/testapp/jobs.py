@@ -360,3 +360,9 @@ def snooze_then_raise(context: JobContext, key: str) -> None:
     if context.attempt % 2:
         context.snooze(0)
     raise RuntimeError(f"{key}: attempt {context.attempt} fails")
+
+
+@job
+def record_tick(tick: dt.datetime, schedule: str = "") -> None:
+    """Run by the periodic schedules of the tests: one row per tick, so a tick run twice cannot insert."""
+    Run.objects.create(key=f"tick:{schedule}:{tick.isoformat()}", pid=os.getpid())

@@ -93,6 +93,12 @@ class Command(BaseCommand):
             "die (default: one worker in this process).",
         )
 
+        parser.add_argument(
+            "--no-schedule",
+            action="store_true",
+            help="Do not tick the periodic schedules (default: every worker ticks them; each tick runs once).",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         settings = conf.get_settings()
         self._configure_logging(options["verbosity"])
@@ -120,6 +126,7 @@ class Command(BaseCommand):
             stop_when_empty=options["stop_when_empty"],
             once=options["once"],
             batch=options["batch"],
+            schedule=not options["no_schedule"],
         )
         if options["concurrency"]:
             if options["once"]:
