@@ -168,10 +168,10 @@ class Schedule:
         """The ticks strictly after ``after``, in UTC."""
         if self.every is not None:
             step = self.every
-            moment = math.floor(after.timestamp()) // step * step + step
+            seconds = math.floor(after.timestamp()) // step * step + step
             while True:
-                yield datetime.fromtimestamp(moment, UTC)
-                moment += step
+                yield datetime.fromtimestamp(seconds, UTC)
+                seconds += step
         last = after.astimezone(UTC)
         for tick in CronSim(_fields(self.cron or ""), after.astimezone(self.zone)):
             # Compared in UTC: aware times of one zone compare by wall clock, and in the
