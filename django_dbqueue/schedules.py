@@ -316,6 +316,11 @@ def usable(schedules: Mapping[str, Schedule]) -> dict[str, Schedule]:
     return result
 
 
+def is_stale(state: ScheduleState) -> bool:
+    """Tell whether the row's schedule is no longer declared in this code (it does not tick)."""
+    return state.name not in _schedules
+
+
 def get(name: str) -> Schedule:
     try:
         return _schedules[name]
