@@ -366,3 +366,66 @@ def test_the_schedule_check_is_registered():
 def test_a_schedule_without_a_zone_uses_settings_time_zone(declared):
     schedule = declared(periodic(jobs.record_tick, "@daily", name="zone-default"))
     assert schedule.timezone_name == "Europe/Paris"
+
+
+# -- operations: the command and the admin ----------------------------------------------
+
+
+@pytestmark_db
+def test_queue_schedules_lists_declared_new_and_stale_schedules_and_runs_one_now(declared):
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    daily = declared(periodic(jobs.record_tick, "30 2 * * *", name="daily", tick_argument="tick"))
+    gone = declared(periodic(jobs.record_tick, every=60, name="gone", tick_argument="tick"))
+    look(daily, gone)
+    schedules.unschedule("gone")
+    declared(periodic(jobs.record_tick, "@hourly", name="fresh", tick_argument="tick"))
+    out = io.StringIO()
+    call_command("queue_schedules", stdout=out)
+    lines = {line.split()[0]: line.split()[1:] for line in out.getvalue().splitlines()[1:4]}
+    assert lines["daily"][:6] == ["30", "2", "*", "*", "*", "enabled"]
+    assert lines["gone"][:3] == ["every", "60s", "stale"] and lines["fresh"][:2] == ["@hourly", "new"]
+    assert "Stale: 1 schedule no longer declared in this code" in out.getvalue()
+
+    out = io.StringIO()
+    call_command("queue_schedules", "--run", "daily", stdout=out)
+    assert out.getvalue().startswith(f"Enqueued {jobs.record_tick.name} as job {Job.objects.get().pk}.")
+    with pytest.raises(CommandError, match="No schedule is declared under the name 'gone'"):
+        call_command("queue_schedules", "--run", "gone")
+
+
+@pytestmark_db
+def test_the_admin_lists_schedules_with_their_last_outcome_and_runs_one_only_with_permission(declared, client):
+    from django.contrib.auth.models import Permission, User
+    from django.urls import reverse
+
+    report = declared(periodic(jobs.record_tick, "@daily", name="report", tick_argument="tick"))
+    look(report)
+    url = reverse("admin:django_dbqueue_schedulestate_changelist")
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(
+        Permission.objects.get(codename="view_schedulestate"), Permission.objects.get(codename="change_schedulestate")
+    )
+    client.force_login(viewer)
+    page = client.get(url).content.decode()
+    assert "report" in page and "run_selected_now" not in page and "disable_selected" in page
+    response = client.post(
+        url, {"action": "run_selected_now", "_selected_action": [str(ScheduleState.objects.get().pk)]}
+    )
+    assert not Job.objects.exists() and response.status_code == 302  # refused: no such action for this user
+
+    viewer.user_permissions.add(Permission.objects.get(codename="run_schedule"))
+    viewer = User.objects.get(pk=viewer.pk)
+    client.force_login(viewer)
+    pk = str(ScheduleState.objects.get().pk)
+    client.post(url, {"action": "run_selected_now", "_selected_action": [pk]}, follow=True)
+    assert Job.objects.count() == 1
+    row = client.get(url).content.decode()
+    assert '<td class="field-last_outcome">waiting</td>' in row
+    Job.objects.all().delete()
+    assert '<td class="field-last_outcome">succeeded</td>' in client.get(url).content.decode()
+    client.post(url, {"action": "disable_selected", "_selected_action": [pk]}, follow=True)
+    assert not ScheduleState.objects.get().enabled
