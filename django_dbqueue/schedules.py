@@ -118,6 +118,8 @@ class Schedule:
     overlap: bool = True
     # Pass the tick (an aware datetime, in the schedule's time zone) under this keyword.
     tick_argument: str | None = None
+    # The definition declared (with its ``.using(...)`` options); None: the registered one.
+    definition: registry.JobDefinition[..., Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def expression(self) -> str:
@@ -160,7 +162,8 @@ class Schedule:
         kwargs = dict(self.kwargs)
         if self.tick_argument:
             kwargs[self.tick_argument] = tick.astimezone(self.zone)
-        return registry.get(self.job_name).bind(*self.args, **kwargs)
+        definition = self.definition if self.definition is not None else registry.get(self.job_name)
+        return definition.bind(*self.args, **kwargs)
 
     # -- time --------------------------------------------------------------
 
@@ -278,6 +281,7 @@ def periodic(
         missed=missed,
         overlap=overlap,
         tick_argument=tick_argument,
+        definition=None if isinstance(job, str) else job,
     )
     try:
         schedule.arguments()

@@ -429,3 +429,14 @@ def test_the_admin_lists_schedules_with_their_last_outcome_and_runs_one_only_wit
     assert '<td class="field-last_outcome">succeeded</td>' in client.get(url).content.decode()
     client.post(url, {"action": "disable_selected", "_selected_action": [pk]}, follow=True)
     assert not ScheduleState.objects.get().enabled
+
+
+@pytestmark_db
+def test_a_schedule_keeps_the_options_of_the_definition_it_was_declared_with(declared):
+    from django_dbqueue import periodic as exported
+
+    urgent = declared(exported(jobs.record_tick.using(queue="urgent"), every=60, name="urgent", tick_argument="tick"))
+    look(urgent)
+    make_due("urgent")
+    look(urgent)
+    assert Job.objects.get().queue == "urgent"
