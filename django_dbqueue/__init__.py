@@ -23,6 +23,7 @@ _LAZY = {
     "chain": "chains",
     "get_job": "handles",
     "get_progress": "progress",
+    "periodic": "schedules",
     "progress_token": "progress",
     "set_progress": "progress",
 }
@@ -47,6 +48,7 @@ __all__ = [
     "get_job",
     "get_progress",
     "job",
+    "periodic",
     "progress_token",
     "set_progress",
 ]

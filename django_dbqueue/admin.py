@@ -1,4 +1,4 @@
-"""Admin pages: jobs with their state, failed jobs with retry, progress, and a queue overview."""
+"""Admin pages: jobs with their state, failed jobs with retry, progress, a queue overview, and schedules."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Length, Right
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -19,9 +19,9 @@ from django.utils.html import format_html
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from . import payload
+from . import payload, schedules
 from .db import DbNow
-from .models import FailedJob, Job, JobProgress
+from .models import CANCELLED_CLASS, FailedJob, Job, JobProgress, ScheduleState
 from .operations import (
     QueueStats,
     cancel_jobs,
@@ -430,4 +430,130 @@ class JobProgressAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-ar
             f"{progress.percent:.0f}",
             f"{progress.percent:.1f}",
             color,
+        )
+
+
+@admin.register(ScheduleState)
+class ScheduleStateAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """Periodic schedules: when each runs next, how its last run went; run one now, enable or disable."""
+
+    list_display = [
+        "name",
+        "job_name",
+        "expression",
+        "timezone",
+        "next_run",
+        "last_run",
+        "last_outcome",
+        "enabled",
+        "in_code",
+    ]
+    list_filter = ["enabled", "job_name"]
+    search_fields = ["name", "job_name"]
+    readonly_fields = [
+        "name",
+        "job_name",
+        "expression",
+        "timezone",
+        "arguments",
+        "enabled",
+        "next_tick",
+        "last_tick",
+        "last_run_at",
+        "last_job_id",
+        "last_outcome",
+        "runs",
+        "skipped",
+        "in_code",
+        "created_at",
+        "updated_at",
+    ]
+    actions = ["run_selected_now", "enable_selected", "disable_selected"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduleState]:
+        # The last run's outcome in the same query: its job row (waiting, delayed or
+        # running) or its failed row; neither once it succeeded.
+        last_job = Job.objects.filter(pk=OuterRef("last_job_id"))
+        queryset: QuerySet[ScheduleState] = (
+            super()
+            .get_queryset(request)
+            .annotate(
+                last_reserved=Exists(last_job.filter(reserved_at__isnull=False)),
+                last_queued=Exists(last_job),
+                last_failed_class=Subquery(
+                    FailedJob.objects.filter(job_id=OuterRef("last_job_id")).values("exception_class")[:1]
+                ),
+            )
+        )
+        return queryset
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Only a stale schedule's row may be deleted: a declared one would come back at the next worker start."""
+        if obj is None or not schedules.is_stale(obj):
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.display(description="next run", ordering="next_tick")
+    def next_run(self, state: ScheduleState) -> Any:
+        return state.next_tick if state.enabled and not schedules.is_stale(state) else "-"
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run(self, state: ScheduleState) -> Any:
+        return state.last_run_at or "-"
+
+    @admin.display(description="last outcome")
+    def last_outcome(self, state: ScheduleState) -> str:
+        if state.last_job_id is None:
+            return "-"
+        if getattr(state, "last_reserved", False):
+            return "running"
+        if getattr(state, "last_queued", False):
+            return "waiting"
+        failed_class = getattr(state, "last_failed_class", None)
+        if failed_class:
+            return "cancelled" if failed_class == CANCELLED_CLASS else "failed"
+        return "succeeded"
+
+    @admin.display(description="in code", boolean=True)
+    def in_code(self, state: ScheduleState) -> bool:
+        """False for a stale schedule: its row outlived its declaration, and it does not tick."""
+        return not schedules.is_stale(state)
+
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_dbqueue.run_schedule")
+
+    def has_toggle_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_dbqueue.change_schedulestate")
+
+    @admin.action(description="Run selected schedules now (one extra run each)", permissions=["run"])
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet[ScheduleState]) -> None:
+        started, stale = [], []
+        for name in queryset.values_list("name", flat=True):
+            try:
+                handle = schedules.run_now(name)
+            except LookupError:
+                stale.append(name)
+            else:
+                started.append(f"{name} (job {handle.id})")
+        if started:
+            self.message_user(request, f"Enqueued now: {', '.join(started)}.", messages.SUCCESS)
+        if stale:
+            self.message_user(
+                request, f"Not run, not declared in this code (stale): {', '.join(stale)}.", messages.WARNING
+            )
+
+    @admin.action(description="Enable selected schedules (from their next tick on)", permissions=["toggle"])
+    def enable_selected(self, request: HttpRequest, queryset: QuerySet[ScheduleState]) -> None:
+        count = schedules.set_enabled(list(queryset.values_list("name", flat=True)), True)
+        self.message_user(
+            request, ngettext("%d schedule was enabled.", "%d schedules were enabled.", count) % count, messages.SUCCESS
+        )
+
+    @admin.action(description="Disable selected schedules", permissions=["toggle"])
+    def disable_selected(self, request: HttpRequest, queryset: QuerySet[ScheduleState]) -> None:
+        count = schedules.set_enabled(list(queryset.values_list("name", flat=True)), False)
+        self.message_user(
+            request,
+            ngettext("%d schedule was disabled.", "%d schedules were disabled.", count) % count,
+            messages.SUCCESS,
         )

@@ -311,10 +311,48 @@ def check_worker_connections(processes: int, threads: int, async_slots: int) -> 
         Warning(
             f"This command may open {needed} database connections ({processes} process(es) x "
             f"{connections_per_process(threads, async_slots)}: --threads {threads}, the worker's own, its "
-            f"heartbeat's, the listener's, progress{', the async ORM thread' if async_slots else ''}); the "
+            f"heartbeat's, the listener's, progress, the ticker{', the async ORM thread' if async_slots else ''}); the "
             f"server allows {limit} (max_connections) for every client together.",
             hint="Run fewer threads or processes, raise max_connections, or put PgBouncer in front "
             "(see the README: Choosing processes, threads or asyncio).",
             id="dbqueue.W007",
         )
     ]
+
+
+@register()
+def check_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every periodic schedule needs a cron expression cronsim reads, a known time zone and a registered job."""
+    from . import schedules
+
+    messages: list[CheckMessage] = []
+    for schedule in schedules.all_schedules().values():
+        error = schedule.expression_error()
+        if error is not None:
+            messages.append(
+                Error(
+                    f"Schedule {schedule.name!r} has a bad cron expression: {error}.",
+                    hint="Use 5 fields (minute hour day-of-month month day-of-week), 6 with seconds first, "
+                    f"or one of {', '.join(schedules.SHORTHANDS)}; or every=seconds for a plain interval.",
+                    id="dbqueue.E011",
+                )
+            )
+        error = schedule.timezone_error()
+        if error is not None:
+            messages.append(
+                Error(
+                    f"Schedule {schedule.name!r} has an unknown time zone: {error}.",
+                    hint="Use an IANA name such as 'Europe/Berlin' or 'UTC' (on Windows, pip install tzdata).",
+                    id="dbqueue.E012",
+                )
+            )
+        if registry.find(schedule.job_name) is None:
+            messages.append(
+                Error(
+                    f"Schedule {schedule.name!r} names the job {schedule.job_name!r}, which is not registered.",
+                    hint="Check the name, or pass the @job function itself to periodic(); the module that "
+                    "defines it must be imported at startup (an installed app's jobs.py is).",
+                    id="dbqueue.E013",
+                )
+            )
+    return messages

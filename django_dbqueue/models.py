@@ -973,3 +973,54 @@ class TaskResultRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} {self.id}: {self.status}"
+
+
+class ScheduleState(models.Model):
+    """The state of one periodic schedule declared in code (``schedules.periodic``).
+
+    The code holds what a schedule is; this row holds where it stands: the next
+    tick to enqueue, the last one enqueued and its job, and whether an operator
+    disabled it. A tick is enqueued in the transaction that moves ``next_tick``,
+    under a lock on this row (a compare-and-set of ``next_tick`` on SQLite), so
+    each tick is enqueued exactly once, whatever the number of workers. A row
+    whose schedule left the code is kept, with its history, and shown as stale.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, unique=True)
+    job_name = models.CharField(max_length=200)
+    # As declared: a cron expression, a shorthand (@daily) or an interval ("every 30s").
+    expression = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64)
+    # The arguments of each run, as JSON (shown to operators).
+    arguments = models.TextField(default="{}")
+    enabled = models.BooleanField(default=True)
+    # The next tick to enqueue; None: to be computed from the database's clock by
+    # the next worker that looks (a new or changed schedule, one enabled again).
+    next_tick = models.DateTimeField(null=True, blank=True)
+    # The tick of the last run enqueued (a scheduled time, not the time it was enqueued).
+    last_tick = models.DateTimeField(null=True, blank=True)
+    # When the last run was enqueued, by a tick or "run now" (the database's clock).
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    # The job of that run (its row is deleted when it succeeds).
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    # Runs enqueued, and ticks not run (missed while no worker ticked, or overlapping).
+    runs = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    # The database's clock, on rows read by queries that annotate it.
+    db_now: datetime
+
+    class Meta:
+        db_table = "dbqueue_schedule"
+        verbose_name = "schedule"
+        ordering = ["name"]
+        indexes = [models.Index(fields=["next_tick"], name="dbqueue_schedule_next")]
+        permissions = [("run_schedule", "Can run a schedule now")]
+
+    def __str__(self) -> str:
+        return self.name

@@ -70,11 +70,12 @@ LAST_RESORT_SLACK = 10.0
 def connections_per_process(threads: int, async_slots: int) -> int:
     """The most database connections one worker process opens: one per job thread
     (opened by a job's first query), the main thread's (claims and outcomes), the
-    heartbeat's, the LISTEN connection (PostgreSQL), the progress writer, and with
-    an event loop the thread Django's ``sync_to_async`` runs ORM calls in."""
+    heartbeat's, the LISTEN connection (PostgreSQL), the progress writer, the
+    schedule ticker's (when schedules are declared), and with an event loop the
+    thread Django's ``sync_to_async`` runs ORM calls in."""
     if threads <= 1 and not async_slots:
-        return 4  # jobs run on the main thread's connection
-    return threads + 4 + (1 if async_slots else 0)
+        return 5  # jobs run on the main thread's connection
+    return threads + 5 + (1 if async_slots else 0)
 
 
 class _Interrupt(BaseException):

@@ -30,6 +30,7 @@ from .listener import Listener
 from .models import CANCEL_HARD, FailedJob, Job, TaskResultRecord
 from .operations import restart_marker
 from .pool import Pool, Run
+from .schedules import Ticker
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -107,6 +108,9 @@ class WorkerOptions:
     @property
     def pooled(self) -> bool:
         return self.threads > 1 or self.async_concurrency > 0
+
+    # Tick the periodic schedules declared in code (schedules.Ticker).
+    schedule: bool = True
 
 
 def new_worker_id(pid: int | None = None, token: str | None = None) -> str:
@@ -186,7 +190,7 @@ class Worker:
             ",".join(self.options.queues),
             f" threads={self.options.threads} async={self.options.async_concurrency}" if self._pool else "",
         )
-        with self.handle_signals(), self.heartbeat.start(), self._timer:
+        with self.handle_signals(), self.heartbeat.start(), self._timer, Ticker(self.worker_id, self.options.schedule):
             try:
                 if self._pool is None:
                     reason = self._loop(started)

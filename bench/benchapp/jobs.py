@@ -17,3 +17,16 @@ def record_start(tag: int, enqueued_at: float) -> None:
     started = time.time()
     with open(os.environ["BENCH_LATENCY_FILE"], "a") as out:
         out.write(f"{tag} {enqueued_at!r} {started!r}\n")
+
+
+@job(name="bench.scheduled", queue="bench-scheduled")
+def scheduled(n: int) -> None:
+    """Enqueued by the schedules of bench/schedules.py to a queue no bench worker serves."""
+
+
+if os.environ.get("BENCH_SCHEDULES"):
+    from django_dbqueue.schedules import periodic
+
+    # Every minute, the busiest a cron schedule ticks: BENCH_SCHEDULES ticks a minute in all.
+    for n in range(int(os.environ["BENCH_SCHEDULES"])):
+        periodic(scheduled, "* * * * *", args=[n], name=f"bench-{n}")

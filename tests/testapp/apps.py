@@ -14,6 +14,9 @@ class TestAppConfig(AppConfig):
             from django_dbqueue.signals import job_succeeded
 
             job_succeeded.connect(_record_success, dispatch_uid="tests.record_success")
+        if os.environ.get("DBQUEUE_TEST_SCHEDULES"):
+            # Worker processes of the schedule tests: the schedules they tick.
+            from . import periodic  # noqa: F401
 
 
 def _record_success(sender: object, job: object, worker_id: str = "", **kwargs: object) -> None:

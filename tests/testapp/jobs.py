@@ -525,3 +525,9 @@ async def async_attempt_and_wait(key: str, seconds: float) -> None:
     await Attempt.objects.acreate(key=key, attempt=0)
     await asyncio.sleep(seconds)
     await Run.objects.acreate(key=key, pid=os.getpid(), note="loop")
+
+
+@job
+def record_tick(tick: dt.datetime, schedule: str = "") -> None:
+    """Run by the periodic schedules of the tests: one row per tick, so a tick run twice cannot insert."""
+    Run.objects.create(key=f"tick:{schedule}:{tick.isoformat()}", pid=os.getpid())

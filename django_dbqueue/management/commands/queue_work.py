@@ -108,6 +108,12 @@ class Command(BaseCommand):
             "(default: 0, an async job runs like a sync one).",
         )
 
+        parser.add_argument(
+            "--no-schedule",
+            action="store_true",
+            help="Do not tick the periodic schedules (default: every worker ticks them; each tick runs once).",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         settings = conf.get_settings()
         if options["concurrency"] and options["once"]:
@@ -144,6 +150,7 @@ class Command(BaseCommand):
             batch=options["batch"],
             threads=options["threads"],
             async_concurrency=options["async_concurrency"],
+            schedule=not options["no_schedule"],
         )
         if options["concurrency"]:
             sys.exit(Supervisor(worker_options, options["concurrency"]).run())

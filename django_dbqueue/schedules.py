@@ -1,0 +1,614 @@
+"""Periodic jobs: schedules declared in code, ticked by the workers.
+
+A schedule is declared next to its job with ``periodic(job, "*/5 * * * *")``;
+its state (next tick, last run, enabled) is a ``ScheduleState`` row. Every
+worker runs a ``Ticker``, a thread that sleeps until the next tick is due and
+then enqueues it: in one transaction it locks the schedule's row (``SELECT ...
+FOR UPDATE SKIP LOCKED``; a compare-and-set of ``next_tick`` on SQLite),
+inserts the job and moves ``next_tick`` on. So any number of workers on any
+number of hosts enqueue each tick exactly once, and a worker killed mid-tick
+leaves the row as it was, for the next worker.
+
+Times come from the database's clock. Cron expressions are computed by
+``cronsim`` in the schedule's time zone, with Debian cron's rules for
+daylight-saving time: a job at a fixed time in the hour that spring-forward
+skips runs right after the jump, and once (at the first pass) in the hour that
+autumn repeats; a job whose minute or hour field starts with ``*`` follows real
+time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType, TracebackType
+from typing import Any, NamedTuple
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, transaction
+from django.db.models import F
+
+from . import payload, registry
+from .db import DbNow, alias, claims_with_skip_locked, drop_connection
+from .models import Job, ScheduleState
+
+logger = logging.getLogger("django_dbqueue")
+
+# Cron's shorthands, as the five fields they stand for.
+SHORTHANDS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+# A tick enqueued at most this many seconds after its time is on time (workers
+# were busy, a worker died mid-tick: every such tick runs, in order); a later one
+# was missed while no worker ticked, and the schedule's ``missed`` policy applies.
+ON_TIME = 10.0
+# The longest a ticker sleeps, so a schedule enabled, disabled or changed by
+# another process (the admin, a deploy) is seen within this many seconds.
+MAX_SLEEP = 30.0
+# Seconds before a ticker looks again at a row another worker holds (it is ticking it).
+BUSY_RETRY = 0.1
+# Seconds before a ticker retries after a database error (doubled, up to the last).
+ERROR_RETRY = (1.0, 2.0, 5.0)
+# Seconds ``Ticker.stop`` waits for a tick in flight.
+STOP_WAIT = 5.0
+# Rows read per look: the due ones and the next to come.
+LOOK_AHEAD = 100
+# Missed ticks counted one by one before the latest is found by iterating backwards.
+COUNT_MISSED = 1000
+
+_schedules: dict[str, Schedule] = {}
+_DB_NOW = {"db_now": DbNow()}
+
+
+class Missed(enum.StrEnum):
+    """What to do with the ticks that passed while no worker ticked."""
+
+    # One run, for the latest of them.
+    ONCE = "once"
+    # No run: the schedule waits for its next tick.
+    SKIP = "skip"
+
+
+class Plan(NamedTuple):
+    """What a tick does: the tick to run (None: none), the next tick, and the ticks not run."""
+
+    run: datetime | None
+    next_tick: datetime
+    skipped: int
+
+
+class Outcome(enum.StrEnum):
+    ENQUEUED = "enqueued"
+    SKIPPED = "skipped"
+    SCHEDULED = "scheduled"
+    NOT_DUE = "not-due"
+    # Another worker holds the row or moved it on first.
+    TAKEN = "taken"
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A periodic run of a job, as declared in code; see ``periodic``."""
+
+    name: str
+    job_name: str
+    cron: str | None = None
+    every: int | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    # None: settings.TIME_ZONE.
+    timezone: str | None = None
+    missed: Missed = Missed.ONCE
+    overlap: bool = True
+    # Pass the tick (an aware datetime, in the schedule's time zone) under this keyword.
+    tick_argument: str | None = None
+    # The definition declared (with its ``.using(...)`` options); None: the registered one.
+    definition: registry.JobDefinition[..., Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def expression(self) -> str:
+        return self.cron if self.cron is not None else f"every {self.every}s"
+
+    @property
+    def timezone_name(self) -> str:
+        return self.timezone or getattr(settings, "TIME_ZONE", None) or "UTC"
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone_name)
+
+    def expression_error(self) -> str | None:
+        """Why the cron expression cannot be used, or None."""
+        if self.cron is None:
+            return None
+        try:
+            next(CronSim(_fields(self.cron), datetime.now(UTC)))
+        except CronSimError as exc:
+            return f"{exc} in {self.cron!r}"
+        except StopIteration:
+            return f"{self.cron!r} never matches a date"
+        return None
+
+    def timezone_error(self) -> str | None:
+        """Why the time zone is unknown, or None."""
+        try:
+            ZoneInfo(self.timezone_name)
+        except (ZoneInfoNotFoundError, ValueError):
+            return f"{self.timezone_name!r} is not a time zone known to zoneinfo"
+        return None
+
+    def arguments(self) -> str:
+        """The arguments of each run, as stored JSON."""
+        return json.dumps(payload.encode_arguments(self.args, dict(self.kwargs)), sort_keys=True)
+
+    def call(self, tick: datetime) -> registry.JobCall:
+        """The call to enqueue for ``tick``."""
+        kwargs = dict(self.kwargs)
+        if self.tick_argument:
+            kwargs[self.tick_argument] = tick.astimezone(self.zone)
+        definition = self.definition if self.definition is not None else registry.get(self.job_name)
+        return definition.bind(*self.args, **kwargs)
+
+    # -- time --------------------------------------------------------------
+
+    def ticks(self, after: datetime) -> Iterator[datetime]:
+        """The ticks strictly after ``after``, in UTC."""
+        if self.every is not None:
+            step = self.every
+            seconds = math.floor(after.timestamp()) // step * step + step
+            while True:
+                yield datetime.fromtimestamp(seconds, UTC)
+                seconds += step
+        last = after.astimezone(UTC)
+        for tick in CronSim(_fields(self.cron or ""), after.astimezone(self.zone)):
+            # Compared in UTC: aware times of one zone compare by wall clock, and in the
+            # hour autumn repeats a fixed-time tick can fall before ``after``.
+            moment = tick.astimezone(UTC)
+            if moment > last:
+                last = moment
+                yield moment
+
+    def next_after(self, moment: datetime) -> datetime:
+        return next(self.ticks(moment))
+
+    def latest_until(self, moment: datetime) -> datetime:
+        """The last tick at or before ``moment``."""
+        if self.every is not None:
+            return datetime.fromtimestamp(math.floor(moment.timestamp()) // self.every * self.every, UTC)
+        start = (moment + timedelta(microseconds=1)).astimezone(self.zone)
+        return next(CronSim(_fields(self.cron or ""), start, reverse=True)).astimezone(UTC)
+
+    def plan(self, due: datetime, now: datetime) -> Plan:
+        """What a tick at ``now`` does with the tick ``due`` (at or before ``now``)."""
+        if (now - due).total_seconds() <= ON_TIME:
+            return Plan(due, self.next_after(due), 0)
+        # Missed: ``due`` and every tick after it up to now.
+        missed = 0
+        latest = due
+        if self.every is not None:
+            latest = self.latest_until(now)
+            missed = round((latest - due).total_seconds()) // self.every
+        for tick in self.ticks(latest):
+            if tick > now:
+                break
+            latest, missed = tick, missed + 1
+            if missed >= COUNT_MISSED:
+                latest = self.latest_until(now)
+                break
+        missed += 1  # ``due`` itself
+        run: datetime | None = latest
+        if self.missed is Missed.SKIP and (now - latest).total_seconds() > ON_TIME:
+            run = None
+        return Plan(run, self.next_after(now), missed - (run is not None))
+
+
+def _fields(cron: str) -> str:
+    return SHORTHANDS.get(cron.strip().lower(), cron)
+
+
+# -- declaring ---------------------------------------------------------------
+
+
+def periodic(
+    job: registry.JobDefinition[..., Any] | str,
+    cron: str | None = None,
+    *,
+    every: int | timedelta | None = None,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    tz: str | None = None,
+    name: str | None = None,
+    missed: Missed | str = Missed.ONCE,
+    overlap: bool = True,
+    tick_argument: str | None = None,
+) -> Schedule:
+    """Enqueue ``job`` at each tick of ``cron`` (or ``every`` so many seconds); return the schedule.
+
+    ``cron`` has 5 fields (6 with seconds first) or is a shorthand such as
+    ``@daily``, read in ``tz`` (default ``settings.TIME_ZONE``). A bad
+    expression or time zone is reported by the system checks, so ``queue_work``
+    refuses to start. ``name`` (default: the job's name) keeps the schedule's
+    state across deploys: give each schedule of one job its own.
+    """
+    job_name = job if isinstance(job, str) else job.name
+    where = f"periodic({job_name!r})"
+    if (cron is None) == (every is None):
+        raise ImproperlyConfigured(f"{where}: give a cron expression or every=seconds, one of them")
+    if cron is not None and (not isinstance(cron, str) or not cron.strip()):
+        raise ImproperlyConfigured(f"{where}: the cron expression must be a non-empty string, not {cron!r}")
+    seconds = every.total_seconds() if isinstance(every, timedelta) else every
+    if seconds is not None and not (
+        isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 1 <= seconds == int(seconds)
+    ):
+        raise ImproperlyConfigured(f"{where}: every must be a whole number of seconds, at least 1, not {every!r}")
+    try:
+        missed = Missed(missed)
+    except ValueError:
+        raise ImproperlyConfigured(f"{where}: missed must be 'once' or 'skip', not {missed!r}") from None
+    if not isinstance(overlap, bool):
+        raise ImproperlyConfigured(f"{where}: overlap must be True or False, not {overlap!r}")
+    if tz is not None and not isinstance(tz, str):
+        raise ImproperlyConfigured(f"{where}: tz must be a time zone name such as 'Europe/Berlin', not {tz!r}")
+    if tick_argument is not None and not (isinstance(tick_argument, str) and tick_argument.isidentifier()):
+        raise ImproperlyConfigured(f"{where}: tick_argument must be a keyword name, not {tick_argument!r}")
+    schedule_name = job_name if name is None else name
+    if not isinstance(schedule_name, str) or not schedule_name.strip() or len(schedule_name) > 200:
+        raise ImproperlyConfigured(f"{where}: name must be a non-empty string of at most 200 characters")
+    schedule = Schedule(
+        name=schedule_name,
+        job_name=job_name,
+        cron=cron.strip() if cron is not None else None,
+        every=int(seconds) if seconds is not None else None,
+        args=tuple(args),
+        kwargs=MappingProxyType(dict(kwargs or {})),
+        timezone=tz,
+        missed=missed,
+        overlap=overlap,
+        tick_argument=tick_argument,
+        definition=None if isinstance(job, str) else job,
+    )
+    try:
+        schedule.arguments()
+    except TypeError as exc:
+        raise ImproperlyConfigured(f"{where}: {exc}") from None
+    existing = _schedules.get(schedule.name)
+    if existing is not None and existing != schedule:
+        raise ImproperlyConfigured(
+            f"Two schedules are named {schedule.name!r} ({existing.expression} and {schedule.expression}); "
+            "give each schedule of a job its own name: periodic(job, ..., name='...')"
+        )
+    _schedules[schedule.name] = schedule
+    return schedule
+
+
+def unschedule(name: str) -> None:
+    """Forget the schedule declared under ``name`` in this process (its row stays, as stale)."""
+    _schedules.pop(name, None)
+
+
+def all_schedules() -> dict[str, Schedule]:
+    return dict(_schedules)
+
+
+def usable(schedules: Mapping[str, Schedule]) -> dict[str, Schedule]:
+    """The schedules a ticker can tick: the others are logged (and reported by the system checks)."""
+    result = {}
+    for name, schedule in schedules.items():
+        error = schedule.expression_error() or schedule.timezone_error()
+        if error is None and registry.find(schedule.job_name) is None:
+            error = f"no job is registered under the name {schedule.job_name!r}"
+        if error is not None:
+            logger.error("schedule not ticked schedule=%s: %s", name, error)
+            continue
+        result[name] = schedule
+    return result
+
+
+def is_stale(state: ScheduleState) -> bool:
+    """Tell whether the row's schedule is no longer declared in this code (it does not tick)."""
+    return state.name not in _schedules
+
+
+def get(name: str) -> Schedule:
+    try:
+        return _schedules[name]
+    except KeyError:
+        raise LookupError(
+            f"No schedule is declared under the name {name!r} in this code"
+            + (f"; declared: {', '.join(sorted(_schedules))}" if _schedules else "")
+        ) from None
+
+
+# -- the database ------------------------------------------------------------
+
+
+def sync(schedules: Mapping[str, Schedule]) -> None:
+    """Write the schedules of this code to their rows: insert new ones, update changed ones.
+
+    A changed expression or time zone clears ``next_tick``, so the next tick is
+    computed afresh; other rows, and rows of schedules not in this code, keep
+    their state.
+    """
+    stored = {row.name: row for row in ScheduleState.objects.filter(name__in=list(schedules))}
+    new = [
+        ScheduleState(
+            name=schedule.name,
+            job_name=schedule.job_name,
+            expression=schedule.expression,
+            timezone=schedule.timezone_name,
+            arguments=schedule.arguments(),
+            created_at=DbNow(),
+            updated_at=DbNow(),
+        )
+        for schedule in schedules.values()
+        if schedule.name not in stored
+    ]
+    if new:
+        ScheduleState.objects.bulk_create(new, ignore_conflicts=True)
+    for name, row in stored.items():
+        schedule = schedules[name]
+        declared = {
+            "job_name": schedule.job_name,
+            "expression": schedule.expression,
+            "timezone": schedule.timezone_name,
+            "arguments": schedule.arguments(),
+        }
+        if all(getattr(row, field) == value for field, value in declared.items()):
+            continue
+        changes: dict[str, Any] = {**declared, "updated_at": DbNow()}
+        if row.expression != schedule.expression or row.timezone != schedule.timezone_name:
+            changes["next_tick"] = None
+        ScheduleState.objects.filter(pk=row.pk, expression=row.expression, timezone=row.timezone).update(**changes)
+        logger.info("schedule changed schedule=%s expression=%s timezone=%s", name, *declared.values())
+
+
+def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
+    """Handle the row ``pk`` of ``schedule`` if its ``next_tick`` is still ``expected``.
+
+    Enqueues the due tick (or none: missed, or overlapping) and moves
+    ``next_tick`` on, in one transaction; with ``expected`` None, only computes
+    ``next_tick``.
+    """
+    using = alias()
+    locking = claims_with_skip_locked(using)
+    with transaction.atomic(using=using):
+        rows = ScheduleState.objects.filter(pk=pk, enabled=True)
+        rows = rows.filter(next_tick=expected) if expected is not None else rows.filter(next_tick__isnull=True)
+        query = rows.annotate(**_DB_NOW)
+        if locking:
+            query = query.select_for_update(skip_locked=True)
+        state = query.first()
+        if state is None:
+            return Outcome.TAKEN
+        now = state.db_now
+        run: datetime | None = None
+        changes: dict[str, Any] = {"updated_at": now}
+        if expected is None:
+            changes["next_tick"] = schedule.next_after(now)
+        elif expected > now:
+            return Outcome.NOT_DUE
+        else:
+            plan = schedule.plan(expected, now)
+            run, skipped = plan.run, plan.skipped
+            if run is not None and not schedule.overlap and _still_queued(state.last_job_id):
+                logger.info(
+                    "tick skipped schedule=%s tick=%s: its last run (job %s) is still waiting or running",
+                    schedule.name,
+                    run.isoformat(),
+                    state.last_job_id,
+                )
+                run, skipped = None, skipped + 1
+            elif skipped:
+                logger.warning(
+                    "ticks missed schedule=%s skipped=%s policy=%s next_tick=%s",
+                    schedule.name,
+                    skipped,
+                    schedule.missed.value,
+                    plan.next_tick.isoformat(),
+                )
+            changes.update(next_tick=plan.next_tick, skipped=F("skipped") + skipped)
+        if not locking:
+            # SQLite: the compare-and-set takes the write lock; a row moved on meanwhile is another's.
+            if not rows.update(**changes):
+                return Outcome.TAKEN
+            changes = {}
+        if run is not None:
+            handle = schedule.call(run).enqueue()
+            changes.update(last_tick=run, last_run_at=now, last_job_id=handle.id, runs=F("runs") + 1)
+            logger.info(
+                "schedule ticked schedule=%s tick=%s job=%s id=%s",
+                schedule.name,
+                run.isoformat(),
+                handle.name,
+                handle.id,
+            )
+        if changes:
+            ScheduleState.objects.filter(pk=pk).update(**changes)
+    if run is not None:
+        return Outcome.ENQUEUED
+    return Outcome.SCHEDULED if expected is None else Outcome.SKIPPED
+
+
+def _still_queued(job_id: int | None) -> bool:
+    return job_id is not None and Job.objects.filter(pk=job_id).exists()
+
+
+def run_now(name: str) -> Any:
+    """Enqueue one extra run of the schedule ``name`` now; return its ``JobHandle``.
+
+    The tick passed (with ``tick_argument``) is the database's time; the
+    schedule's ticks are unchanged, and ``overlap`` does not apply.
+    """
+    schedule = get(name)
+    if registry.find(schedule.job_name) is None:
+        raise LookupError(f"Schedule {name!r} names the job {schedule.job_name!r}, which is not registered")
+    sync({name: schedule})
+    with transaction.atomic(using=alias()):
+        state = ScheduleState.objects.select_for_update().annotate(**_DB_NOW).get(name=name)
+        now = state.db_now
+        handle = schedule.call(now).enqueue()
+        ScheduleState.objects.filter(pk=state.pk).update(
+            last_run_at=now, last_job_id=handle.id, runs=F("runs") + 1, updated_at=now
+        )
+    logger.info("schedule run now schedule=%s job=%s id=%s", name, handle.name, handle.id)
+    return handle
+
+
+def set_enabled(names: Sequence[str], enabled: bool) -> int:
+    """Enable or disable schedules; return how many changed.
+
+    Enabling clears ``next_tick``: the ticks that passed while a schedule was
+    disabled are not caught up, the next one is computed from now.
+    """
+    rows = ScheduleState.objects.filter(name__in=list(names)).exclude(enabled=enabled)
+    if enabled:
+        return rows.update(enabled=True, next_tick=None, updated_at=DbNow())
+    return rows.update(enabled=False, updated_at=DbNow())
+
+
+# -- the ticker ----------------------------------------------------------------
+
+
+class Ticker:
+    """Tick this process's schedules from a thread, until ``stop``; a context manager.
+
+    The thread has its own database connection (closed when it stops). It
+    writes the schedules to their rows once, then loops: one query reads the due
+    rows and the next to come; each due tick is a short transaction; then it
+    sleeps until the next tick, ``MAX_SLEEP`` seconds at most. A process without
+    schedules starts no thread.
+    """
+
+    def __init__(
+        self, worker_id: str, enabled: bool = True, *, schedules: Mapping[str, Schedule] | None = None
+    ) -> None:
+        self.worker_id = worker_id
+        self.enabled = enabled
+        self.schedules = dict(schedules) if schedules is not None else None
+        # Statements this ticker's thread sent to the database (see ``queries_per_minute``).
+        self.statements = 0
+        self.ticked = 0
+        self._started = 0.0
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Ticker:
+        if not self.enabled or self._thread is not None:
+            return self
+        schedules = usable(self.schedules if self.schedules is not None else all_schedules())
+        if not schedules:
+            return self
+        self._started = time.monotonic()
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(schedules,), name=f"dbqueue-ticker-{self.worker_id}", daemon=True
+        )
+        self._thread.start()
+        logger.info("ticker started worker_id=%s schedules=%s", self.worker_id, len(schedules))
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        if thread.is_alive():
+            thread.join(STOP_WAIT)
+        logger.info(
+            "ticker stopped worker_id=%s ticked=%s statements=%s per_minute=%.1f",
+            self.worker_id,
+            self.ticked,
+            self.statements,
+            self.queries_per_minute(),
+        )
+
+    def queries_per_minute(self) -> float:
+        minutes = (time.monotonic() - self._started) / 60 if self._started else 0
+        return self.statements / minutes if minutes > 0 else 0.0
+
+    def __enter__(self) -> Ticker:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _count(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        self.statements += 1
+        return execute(sql, params, many, context)
+
+    def _run(self, schedules: dict[str, Schedule]) -> None:
+        connection = connections[alias()]
+        errors = 0
+        synced = False
+        try:
+            with connection.execute_wrapper(self._count):
+                while not self._stopping.is_set():
+                    try:
+                        if not synced:
+                            sync(schedules)
+                            synced = True
+                        delay = self.look(schedules)
+                        errors = 0
+                    except DatabaseError as exc:
+                        delay = ERROR_RETRY[min(errors, len(ERROR_RETRY) - 1)]
+                        errors += 1
+                        logger.warning("ticker failed worker_id=%s retry_in=%ss: %s", self.worker_id, delay, exc)
+                        drop_connection()
+                    except Exception:
+                        # A bug or a job that cannot be enqueued must not end the ticking of the others.
+                        delay = ERROR_RETRY[-1]
+                        logger.exception("ticker failed worker_id=%s retry_in=%ss", self.worker_id, delay)
+                    if delay > 0:
+                        self._stopping.wait(delay)
+        finally:
+            drop_connection()
+
+    def look(self, schedules: Mapping[str, Schedule]) -> float:
+        """Tick what is due; return the seconds until the next look."""
+        rows = list(
+            ScheduleState.objects.filter(name__in=list(schedules), enabled=True)
+            .annotate(**_DB_NOW)
+            .order_by(F("next_tick").asc(nulls_first=True), "pk")
+            .values_list("pk", "name", "next_tick", "db_now")[:LOOK_AHEAD]
+        )
+        read = time.monotonic()
+        delay = MAX_SLEEP
+        worked = busy = False
+        for pk, name, next_tick, now in rows:
+            if self._stopping.is_set():
+                return 0
+            if next_tick is not None and next_tick > now:
+                delay = (next_tick - now).total_seconds() - (time.monotonic() - read)
+                break
+            outcome = tick(schedules[name], pk, next_tick)
+            self.ticked += outcome is Outcome.ENQUEUED
+            if outcome is Outcome.TAKEN:
+                busy = True
+            else:
+                worked = True
+        else:
+            if len(rows) == LOOK_AHEAD:
+                return 0
+        if worked:
+            return 0  # read the rows again: the ones just ticked have new next ticks
+        if busy:
+            return BUSY_RETRY  # another worker is ticking a due row: look again once it is done
+        return max(0.0, min(delay, MAX_SLEEP))
