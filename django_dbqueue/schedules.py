@@ -375,7 +375,9 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         if row.expression != schedule.expression or row.timezone != schedule.timezone_name:
             changes["next_tick"] = None
         ScheduleState.objects.filter(pk=row.pk, expression=row.expression, timezone=row.timezone).update(**changes)
-        logger.info("schedule changed schedule=%s expression=%s timezone=%s", name, *declared.values())
+        logger.info(
+            "schedule changed schedule=%s expression=%s timezone=%s", name, schedule.expression, schedule.timezone_name
+        )
 
 
 def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
