@@ -18,7 +18,8 @@ from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance]
+# Threads, loops and processes behave alike on every Django: run with one (scripts/test).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance, pytest.mark.one_django]
 
 
 def test_threads_in_process_run_jobs_at_once():

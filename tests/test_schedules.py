@@ -165,6 +165,8 @@ def ticks_run() -> int:
     return Job.objects.filter(name=jobs.record_tick.name).count()
 
 
+# Ticks and time zones behave alike on every Django: run with one (scripts/test).
+pytestmark = pytest.mark.one_django
 pytestmark_db = pytest.mark.django_db(transaction=True)
 
 

@@ -15,7 +15,8 @@ from django_dbqueue.schedules import Ticker, periodic
 from tests.test_browser import live_url, page, screenshot_path  # noqa: F401  (fixtures)
 from tests.testapp import jobs
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance]
+# Threads, loops and processes behave alike on every Django: run with one (scripts/test).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance, pytest.mark.one_django]
 
 
 @pytest.fixture

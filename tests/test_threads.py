@@ -26,7 +26,8 @@ from tests.conftest import children_of, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance]
+# Threads, loops and processes behave alike on every Django: run with one (scripts/test).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance, pytest.mark.one_django]
 
 TIMEOUT = "django_dbqueue.exceptions.JobTimeout"
 CANCELLED = "django_dbqueue.exceptions.JobCancelled"
