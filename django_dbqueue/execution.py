@@ -223,7 +223,7 @@ def chain_position(envelope: dict[str, Any]) -> tuple[dict[str, Any] | None, int
         raise PayloadError(f"the stored chain position {chain!r} is malformed: {exc}") from exc
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Prepared:
     """A claimed job turned into a call, ready to run (see ``prepare_run``)."""
 
@@ -246,10 +246,6 @@ class Prepared:
     @property
     def timeout(self) -> int | None:
         return self.job.timeout or None
-
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.definition.func)
 
     def middleware(self) -> tuple[middleware.Middleware, ...]:
         stack = middleware.from_settings()
@@ -351,8 +347,11 @@ def run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) 
     try:
         with timer.limit(prepared.timeout or defaults.timeout):
             stack = prepared.middleware()
-            call = functools.partial(_call, definition.func, prepared.args, prepared.kwargs)
-            result = middleware.run(stack, prepared.make_context(), call) if stack else call()
+            if stack:
+                call = functools.partial(_call, definition.func, prepared.args, prepared.kwargs)
+                result = middleware.run(stack, prepared.make_context(), call)
+            else:
+                result = _call(definition.func, prepared.args, prepared.kwargs)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
         return outcome_of(prepared, exc, defaults)
     return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
