@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import math
@@ -378,6 +379,23 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         logger.info(
             "schedule changed schedule=%s expression=%s timezone=%s", name, schedule.expression, schedule.timezone_name
         )
+    _plan_first_ticks(schedules)
+
+
+def _plan_first_ticks(schedules: Mapping[str, Schedule]) -> None:
+    """Give the rows that have no ``next_tick`` yet (new, or changed) their first tick, in
+    one read and one UPDATE, rather than a transaction each: a worker that starts with
+    1,000 new schedules must not delay its first jobs. A row given its tick meanwhile
+    by another worker keeps that one (``next_tick IS NULL`` in the UPDATE)."""
+    unplanned = list(
+        ScheduleState.objects.filter(name__in=list(schedules), next_tick__isnull=True, enabled=True)
+        .annotate(**_DB_NOW)
+        .values_list("pk", "name", "db_now")
+    )
+    if not unplanned:
+        return
+    planned = [ScheduleState(pk=pk, next_tick=schedules[name].next_after(now)) for pk, name, now in unplanned if now]
+    ScheduleState.objects.filter(next_tick__isnull=True).bulk_update(planned, ["next_tick"], batch_size=500)
 
 
 def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
@@ -447,6 +465,82 @@ def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
     return Outcome.SCHEDULED if expected is None else Outcome.SKIPPED
 
 
+def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, datetime | None]]) -> list[Outcome]:
+    """``tick`` for many rows in one transaction: one locking read, one query for the last
+    runs of schedules that must not overlap, one bulk enqueue and one bulk UPDATE,
+    whatever the number of rows (a catch-up of 1,000 schedules after a deploy is a
+    few statements, not thousands). For databases with row locks (``SKIP LOCKED``);
+    rows another worker holds, or moved on meanwhile, come back ``TAKEN``.
+    """
+    using = alias()
+    expected = dict(due)
+    outcomes: dict[int, Outcome] = dict.fromkeys(expected, Outcome.TAKEN)
+    with transaction.atomic(using=using):
+        states = [
+            state
+            for state in ScheduleState.objects.filter(pk__in=list(expected), enabled=True)
+            .annotate(**_DB_NOW)
+            .select_for_update(skip_locked=True)
+            .order_by("pk")
+            if state.next_tick == expected[state.pk] and state.name in schedules
+        ]
+        watched = {state.last_job_id for state in states if state.last_job_id and not schedules[state.name].overlap}
+        queued = set(Job.objects.filter(pk__in=watched).values_list("pk", flat=True)) if watched else set()
+        calls: list[registry.JobCall] = []
+        runs: list[tuple[ScheduleState, datetime]] = []
+        for state in states:
+            schedule, now = schedules[state.name], state.db_now
+            state.updated_at = now
+            if state.next_tick is None:
+                state.next_tick = schedule.next_after(now)
+                outcomes[state.pk] = Outcome.SCHEDULED
+                continue
+            if state.next_tick > now:
+                outcomes[state.pk] = Outcome.NOT_DUE
+                continue
+            plan = schedule.plan(state.next_tick, now)
+            run, skipped = plan.run, plan.skipped
+            if run is not None and not schedule.overlap and state.last_job_id in queued:
+                logger.info(
+                    "tick skipped schedule=%s tick=%s: its last run (job %s) is still waiting or running",
+                    schedule.name,
+                    run.isoformat(),
+                    state.last_job_id,
+                )
+                run, skipped = None, skipped + 1
+            elif skipped:
+                logger.warning(
+                    "ticks missed schedule=%s skipped=%s policy=%s next_tick=%s",
+                    schedule.name,
+                    skipped,
+                    schedule.missed.value,
+                    plan.next_tick.isoformat(),
+                )
+            state.next_tick, state.skipped = plan.next_tick, state.skipped + skipped
+            outcomes[state.pk] = Outcome.SKIPPED
+            if run is not None:
+                calls.append(schedule.call(run))
+                runs.append((state, run))
+        for (state, run), handle in zip(runs, registry.enqueue_many(calls) if calls else [], strict=True):
+            state.last_tick, state.last_run_at, state.last_job_id, state.runs = (
+                run,
+                state.db_now,
+                handle.id,
+                state.runs + 1,
+            )
+            outcomes[state.pk] = Outcome.ENQUEUED
+            logger.info(
+                "schedule ticked schedule=%s tick=%s job=%s id=%s", state.name, run.isoformat(), handle.name, handle.id
+            )
+        if states:
+            ScheduleState.objects.bulk_update(
+                states,
+                ["next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs"],
+                batch_size=500,
+            )
+    return [outcomes[pk] for pk, _ in due]
+
+
 def _still_queued(job_id: int | None) -> bool:
     return job_id is not None and Job.objects.filter(pk=job_id).exists()
 
@@ -506,6 +600,7 @@ class Ticker:
         # Statements this ticker's thread sent to the database (see ``queries_per_minute``).
         self.statements = 0
         self.ticked = 0
+
         self._started = 0.0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -539,6 +634,12 @@ class Ticker:
             self.statements,
             self.queries_per_minute(),
         )
+
+    @functools.cached_property
+    def batched(self) -> bool:
+        """Tick due rows in batches (``tick_many``) where rows can be locked and the bulk
+        enqueue returns ids (not SQLite, not plain MySQL); else one ``tick`` each."""
+        return claims_with_skip_locked() and bool(connections[alias()].features.can_return_rows_from_bulk_insert)
 
     def queries_per_minute(self) -> float:
         minutes = (time.monotonic() - self._started) / 60 if self._started else 0
@@ -594,6 +695,15 @@ class Ticker:
         read = time.monotonic()
         delay = MAX_SLEEP
         worked = busy = False
+        if self.batched:
+            due = [(pk, next_tick) for pk, _, next_tick, now in rows if next_tick is None or next_tick <= now]
+            if due:
+                outcomes = tick_many(schedules, due)
+                self.ticked += outcomes.count(Outcome.ENQUEUED)
+                if Outcome.TAKEN in outcomes:
+                    return BUSY_RETRY
+                return 0  # read the rows again: the ones just ticked have new next ticks
+            rows = rows[:1]  # the next to come
         for pk, name, next_tick, now in rows:
             if self._stopping.is_set():
                 return 0
