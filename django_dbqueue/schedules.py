@@ -533,12 +533,31 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
                 "schedule ticked schedule=%s tick=%s job=%s id=%s", state.name, run.isoformat(), handle.name, handle.id
             )
         if states:
-            ScheduleState.objects.bulk_update(
-                states,
-                ["next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs"],
-                batch_size=500,
-            )
+            _save_ticks(states, using)
     return [outcomes[pk] for pk, _ in due]
+
+
+_TICK_FIELDS = ("next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs")
+
+
+def _save_ticks(states: Sequence[ScheduleState], using: str) -> None:
+    """Write the ticked rows with one parameterised UPDATE sent for all of them
+    (``executemany``; psycopg pipelines it). ``bulk_update`` builds a CASE per field and
+    row, about 2 ms of CPU per row: a catch-up of 1,000 rows would take the worker's
+    main thread two seconds of GIL."""
+    connection = connections[using]
+    meta = ScheduleState._meta
+    by_name = {field.name: field for field in meta.concrete_fields}
+    fields = [by_name[name] for name in _TICK_FIELDS]
+    quote = connection.ops.quote_name
+    assignments = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
+    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {quote(str(by_name['id'].column))} = %s"
+    params = [
+        [field.get_db_prep_save(getattr(state, field.attname), connection) for field in fields] + [state.pk]
+        for state in states
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
 
 
 def _still_queued(job_id: int | None) -> bool:
