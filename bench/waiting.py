@@ -32,7 +32,6 @@ import json
 import os
 import re
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.main import git_state, machine, machine_busy_seconds, other_load, pg_no_other_backends, pg_watch_connection
+from bench.main import LoadWatch, git_state, machine, machine_busy_seconds, pg_no_other_backends, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = ROOT / "bench" / ".venvs"
@@ -239,20 +238,6 @@ def spawn(argv: list[str], env: dict[str, str], log_name: str) -> subprocess.Pop
     return proc
 
 
-def end(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """End a process we started, by its id: SIGTERM, then SIGKILL after ``grace`` seconds."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    log = getattr(proc, "log", None)
-    if log is not None:
-        log.close()
-
-
 def queue_work_options() -> str:
     """``queue_work --help`` with the bench's settings: which options this checkout has."""
     system = systems()["dbqueue"]
@@ -350,43 +335,6 @@ class MemorySampler:
                 return
 
 
-# -- other work on the machine ------------------------------------------------------------------
-
-
-class LoadWatch:
-    """bench/main.py's watch, twice a second, without counting this benchmark's own databases."""
-
-    def __init__(self) -> None:
-        self.busy: list[float] = []
-        self.seen: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> LoadWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        pg = pg_watch_connection()
-        while not self._stop.wait(0.5):
-            others = [item for item in other_load(pg)["others"] if not any(db in item for db in OUR_DATABASES)]
-            if others:
-                if pg is not None and any("PostgreSQL check failed" in item for item in others):
-                    pg.close()
-                    pg = pg_watch_connection()
-                self.busy.append(time.monotonic())
-                self.seen.update(item.split(": ", 1)[1][:80] if item.startswith("process") else item for item in others)
-        if pg is not None:
-            pg.close()
-
-    def during(self, start: float, end: float) -> bool:
-        return any(start - 0.5 <= moment <= end + 0.5 for moment in self.busy)
-
-
 # -- the local HTTP server ------------------------------------------------------------------------
 
 
@@ -428,7 +376,7 @@ def start_http_server(wait: float) -> tuple[subprocess.Popen[bytes], str]:
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if not line.startswith("PORT "):
-        end(proc)
+        stop(proc)
         raise Failed(f"the local HTTP server did not start ({line!r})")
     return proc, f"http://127.0.0.1:{int(line.split()[1])}/"
 
@@ -504,18 +452,18 @@ def run_once(system: System, scenario: Scenario, options: Options, label: str) -
                 raise Failed(f"no job finished for {options.stall:.0f} s ({len(finishes.indexes)} of {jobs} done)")
         sampler.stop()
         if system.key == "celery":
-            end(proc)
+            stop(proc)
         else:
             # django-dbqueue and procrastinate stop by themselves on an empty queue.
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
-                end(proc, grace=5)
+                stop(proc, grace=5)
                 raise Failed("the worker did not stop within 60 s of the last job") from None
         exited = time.time()
     finally:
         sampler.stop()
-        end(proc, grace=5)
+        stop(proc, grace=5)
         finishes.read()
         finishes.close()
     usage_after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -657,7 +605,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server, options.url = start_http_server(options.wait)
         print(f"- local HTTP server at {options.url} (answers after {options.wait * 1000:.0f} ms)", flush=True)
 
-    watch = LoadWatch().start()
+    watch = LoadWatch(ignore=OUR_DATABASES).start()
     under_load: list[str] = []
     try:
         for round_number in range(1, options.repeat + 1):
@@ -694,7 +642,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         watch.stop()
         if server is not None:
-            end(server)
+            stop(server)
     for entry in results.values():
         entry["median"] = median_of(entry["runs"])
     return {

@@ -398,6 +398,29 @@ def _plan_first_ticks(schedules: Mapping[str, Schedule]) -> None:
     ScheduleState.objects.filter(next_tick__isnull=True).bulk_update(planned, ["next_tick"], batch_size=500)
 
 
+def _plan(schedule: Schedule, due: datetime, now: datetime, last_job_id: int | None, *, still_queued: bool) -> Plan:
+    """``schedule.plan``, then no run if the schedule may not overlap and its last run is
+    ``still_queued``; logs what is skipped."""
+    plan = schedule.plan(due, now)
+    if plan.run is not None and not schedule.overlap and still_queued:
+        logger.info(
+            "tick skipped schedule=%s tick=%s: its last run (job %s) is still waiting or running",
+            schedule.name,
+            plan.run.isoformat(),
+            last_job_id,
+        )
+        return Plan(None, plan.next_tick, plan.skipped + 1)
+    if plan.skipped:
+        logger.warning(
+            "ticks missed schedule=%s skipped=%s policy=%s next_tick=%s",
+            schedule.name,
+            plan.skipped,
+            schedule.missed.value,
+            plan.next_tick.isoformat(),
+        )
+    return plan
+
+
 def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
     """Handle the row ``pk`` of ``schedule`` if its ``next_tick`` is still ``expected``.
 
@@ -424,24 +447,9 @@ def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
         elif expected > now:
             return Outcome.NOT_DUE
         else:
-            plan = schedule.plan(expected, now)
+            queued = not schedule.overlap and _still_queued(state.last_job_id)
+            plan = _plan(schedule, expected, now, state.last_job_id, still_queued=queued)
             run, skipped = plan.run, plan.skipped
-            if run is not None and not schedule.overlap and _still_queued(state.last_job_id):
-                logger.info(
-                    "tick skipped schedule=%s tick=%s: its last run (job %s) is still waiting or running",
-                    schedule.name,
-                    run.isoformat(),
-                    state.last_job_id,
-                )
-                run, skipped = None, skipped + 1
-            elif skipped:
-                logger.warning(
-                    "ticks missed schedule=%s skipped=%s policy=%s next_tick=%s",
-                    schedule.name,
-                    skipped,
-                    schedule.missed.value,
-                    plan.next_tick.isoformat(),
-                )
             changes.update(next_tick=plan.next_tick, skipped=F("skipped") + skipped)
         if not locking:
             # SQLite: the compare-and-set takes the write lock; a row moved on meanwhile is another's.
@@ -498,24 +506,8 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
             if state.next_tick > now:
                 outcomes[state.pk] = Outcome.NOT_DUE
                 continue
-            plan = schedule.plan(state.next_tick, now)
+            plan = _plan(schedule, state.next_tick, now, state.last_job_id, still_queued=state.last_job_id in queued)
             run, skipped = plan.run, plan.skipped
-            if run is not None and not schedule.overlap and state.last_job_id in queued:
-                logger.info(
-                    "tick skipped schedule=%s tick=%s: its last run (job %s) is still waiting or running",
-                    schedule.name,
-                    run.isoformat(),
-                    state.last_job_id,
-                )
-                run, skipped = None, skipped + 1
-            elif skipped:
-                logger.warning(
-                    "ticks missed schedule=%s skipped=%s policy=%s next_tick=%s",
-                    schedule.name,
-                    skipped,
-                    schedule.missed.value,
-                    plan.next_tick.isoformat(),
-                )
             state.next_tick, state.skipped = plan.next_tick, state.skipped + skipped
             outcomes[state.pk] = Outcome.SKIPPED
             if run is not None:

@@ -231,12 +231,8 @@ class Worker:
                 if self._reserve_errors:
                     # The claim failed (its backoff is waited): not an empty queue.
                     continue
-                if options.once:
-                    return StopReason.ONCE
-                if options.stop_when_empty:
-                    return StopReason.EMPTY
-                self._prune_progress()
-                self.wait(options.sleep, listen=True)
+                if (reason := self._idle()) is not None:
+                    return reason
                 continue
             self.process(job)
             if options.once:
@@ -319,12 +315,8 @@ class Worker:
                 if self._reserve_errors:
                     continue  # its backoff was waited
                 if not pool.busy:
-                    if options.once:
-                        return StopReason.ONCE
-                    if options.stop_when_empty:
-                        return StopReason.EMPTY
-                    self._prune_progress()
-                    self.wait(options.sleep, listen=True)
+                    if (reason := self._idle()) is not None:
+                        return reason
                     continue
                 next_claim = time.monotonic() + options.sleep
             if self._done and time.monotonic() - self._done_since >= options.batch_window:
@@ -410,6 +402,17 @@ class Worker:
             if other.pk != job.pk:
                 self._give_back(other)
                 self.heartbeat.drop(other)
+
+    def _idle(self) -> StopReason | None:
+        """The queue is empty and nothing runs: stop (``--once``, ``--stop-when-empty``), or
+        prune old rows now and then and wait for work (``--sleep``, or a NOTIFY)."""
+        if self.options.once:
+            return StopReason.ONCE
+        if self.options.stop_when_empty:
+            return StopReason.EMPTY
+        self._prune_progress()
+        self.wait(self.options.sleep, listen=True)
+        return None
 
     def _stop_reason(self, started: float) -> StopReason | None:
         options = self.options
