@@ -186,7 +186,8 @@ def test_a_running_job_stops_at_its_next_progress_report_after_a_cancel(worker_p
     wait_until(lambda: get_job(handle.id).status == JobStatus.CANCELLED, 15, worker.output())
     assert not Run.objects.filter(key="coop").exists()
     assert Attempt.objects.filter(key="coop").count() == 1, "a cancelled job is not retried"
-    assert get_progress(str(handle.id))["failed"]
+    # The final progress is written just after the outcome is stored.
+    wait_until(lambda: (get_progress(str(handle.id)) or {}).get("failed"), 10, worker.output())
     assert worker.process.poll() is None
     # The worker goes on serving.
     jobs.record.enqueue("after-cancel")
