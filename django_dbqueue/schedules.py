@@ -395,7 +395,7 @@ def _plan_first_ticks(schedules: Mapping[str, Schedule]) -> None:
     if not unplanned:
         return
     planned = [ScheduleState(pk=pk, next_tick=schedules[name].next_after(now)) for pk, name, now in unplanned if now]
-    ScheduleState.objects.filter(next_tick__isnull=True).bulk_update(planned, ["next_tick"], batch_size=500)
+    _save_rows(planned, alias(), ("next_tick",), unless_set="next_tick")
 
 
 def _plan(schedule: Schedule, due: datetime, now: datetime, last_job_id: int | None, *, still_queued: bool) -> Plan:
@@ -525,25 +525,29 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
                 "schedule ticked schedule=%s tick=%s job=%s id=%s", state.name, run.isoformat(), handle.name, handle.id
             )
         if states:
-            _save_ticks(states, using)
+            _save_rows(states, using, _TICK_FIELDS)
     return [outcomes[pk] for pk, _ in due]
 
 
 _TICK_FIELDS = ("next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs")
 
 
-def _save_ticks(states: Sequence[ScheduleState], using: str) -> None:
-    """Write the ticked rows with one parameterised UPDATE sent for all of them
-    (``executemany``; psycopg pipelines it). ``bulk_update`` builds a CASE per field and
-    row, about 2 ms of CPU per row: a catch-up of 1,000 rows would take the worker's
-    main thread two seconds of GIL."""
+def _save_rows(
+    states: Sequence[ScheduleState], using: str, names: Sequence[str], *, unless_set: str | None = None
+) -> None:
+    """Write ``names`` of many rows with one parameterised UPDATE sent for all of them
+    (``executemany``; psycopg pipelines it), skipping a row whose ``unless_set`` field is
+    no longer NULL. ``bulk_update`` builds a CASE per field and row, about 2 ms of CPU
+    per row: 1,000 schedules would take a worker's GIL for seconds."""
     connection = connections[using]
     meta = ScheduleState._meta
     by_name = {field.name: field for field in meta.concrete_fields}
-    fields = [by_name[name] for name in _TICK_FIELDS]
+    fields = [by_name[name] for name in names]
     quote = connection.ops.quote_name
     assignments = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
-    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {quote(str(by_name['id'].column))} = %s"
+    condition = f" AND {quote(str(by_name[unless_set].column))} IS NULL" if unless_set else ""
+    pk = quote(str(by_name["id"].column))
+    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s{condition}"
     params = [
         [field.get_db_prep_save(getattr(state, field.attname), connection) for field in fields] + [state.pk]
         for state in states
