@@ -104,14 +104,11 @@ class Run:
     # The exception the job is to end with once interrupted (timeout, cancel, stop).
     reason: BaseException | None = None
     interrupted: bool = False
-    # Taken by a thread or given a loop slot: the job runs (until then it waits in the pool).
-    started: bool = False
     thread: _Thread | None = None
     task: asyncio.Task[Any] | None = None
 
     def start_clock(self, defaults: Defaults) -> None:
         """Set the run's deadlines as it starts (the worker's scan watches them)."""
-        self.started = True
         seconds = self.job.timeout or defaults.timeout
         if seconds:
             if not self.on_loop:
