@@ -686,6 +686,21 @@ class Job(models.Model):
     # reclaim a dead child's jobs at once.
     reserved_by = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField()
+    # Flow control (docs/flow.md). No other row may hold the same unique_key
+    # (unique.py): it is freed when the row is deleted or moves to FailedJob, or
+    # by the claim when unique_until_start is set.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)
+    unique_until_start = models.BooleanField(default=False, db_default=False)
+    # At most concurrency_limit reserved rows share a concurrency_key (concurrency.py).
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    concurrency_limit = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Waiting for a free slot of its concurrency key: claims skip it until a
+    # reservation of that key ends and unblocks it.
+    blocked = models.BooleanField(default=False, db_default=False)
+    # The rate-limit bucket its starts spend, and that bucket's limit as
+    # "count/seconds/burst" (rates.py).
+    rate_key = models.CharField(max_length=255, null=True, blank=True)
+    rate_limit = models.CharField(max_length=50, null=True, blank=True)
 
     objects = JobManager()
 
@@ -1024,3 +1039,63 @@ class ScheduleState(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class FlowLimit(models.Model):
+    """A row per concurrency key and per rate-limit bucket, locked by the claims that use it.
+
+    A claim that takes a slot of a concurrency key locks that key's row, then
+    counts the key's reserved jobs; a claim that spends rate-limit tokens locks
+    the bucket's row, refills ``tokens`` for the time since ``updated_at`` and
+    takes what it spends. The lock serialises the claims of one key across
+    workers and hosts; claims of other keys do not wait.
+    """
+
+    key = models.CharField(max_length=300, unique=True)
+    tokens = models.FloatField(default=0)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_limit"
+        verbose_name = "flow limit"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class UniqueWindow(models.Model):
+    """A unique key taken for a time (``@job(unique_for=...)``), whatever became of its job."""
+
+    key = models.CharField(max_length=255, unique=True)
+    # The job enqueued when the window opened (its row may be gone).
+    job_id = models.BigIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_unique_window"
+        verbose_name = "unique window"
+        indexes = [models.Index(fields=["expires_at"], name="dbqueue_unique_window_expires")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class PausedQueue(models.Model):
+    """A paused queue: workers claim none of its jobs until it is resumed (the row deleted)."""
+
+    queue = models.CharField(max_length=100, unique=True)
+    paused_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_paused_queue"
+        verbose_name = "paused queue"
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return self.queue
