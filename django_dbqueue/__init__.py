@@ -23,8 +23,11 @@ _LAZY = {
     "chain": "chains",
     "get_job": "handles",
     "get_progress": "progress",
+    "pause_queue": "pauses",
+    "paused_queues": "pauses",
     "periodic": "schedules",
     "progress_token": "progress",
+    "resume_queue": "pauses",
     "set_progress": "progress",
 }
 
@@ -48,8 +51,11 @@ __all__ = [
     "get_job",
     "get_progress",
     "job",
+    "pause_queue",
+    "paused_queues",
     "periodic",
     "progress_token",
+    "resume_queue",
     "set_progress",
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -19,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from . import payload, schedules
+from . import pauses, payload, schedules
 from .db import DbNow
 from .models import CANCELLED_CLASS, FailedJob, Job, JobProgress, ScheduleState
 from .operations import (
@@ -87,6 +88,8 @@ class OverviewRow:
     reserved: int | None
     failed: int | None
     oldest_waiting_seconds: float | None
+    # When the queue was paused; None: it is not paused.
+    paused_at: datetime | None = None
 
     @classmethod
     def of(cls, stats: QueueStats, *, jobs: bool, failed: bool) -> OverviewRow:
@@ -98,7 +101,12 @@ class OverviewRow:
             stats.reserved if jobs else None,
             stats.failed if failed else None,
             stats.oldest_waiting_seconds if jobs else None,
+            stats.paused_at,
         )
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
 
 
 class _StillReserved(Exception):
@@ -287,20 +295,33 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     def get_urls(self) -> list[Any]:
         return [
             path("overview/", self.admin_site.admin_view(self.overview_view), name="django_dbqueue_overview"),
+            path(
+                "overview/pause/",
+                self.admin_site.admin_view(require_POST(self.pause_view)),
+                name="django_dbqueue_pause",
+            ),
+            path(
+                "overview/resume/",
+                self.admin_site.admin_view(require_POST(self.resume_view)),
+                name="django_dbqueue_resume",
+            ),
             *super().get_urls(),
         ]
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
-        """Show per queue the counts the user may see: jobs with view_job, failed jobs with view_failedjob."""
+        """Show per queue the counts the user may see: jobs with view_job, failed jobs with view_failedjob;
+        whether it is paused, with Pause and Resume buttons for users with pause_queue."""
         show_jobs = self.has_view_permission(request)
         show_failed = self._may_view_failed(request)
-        if not (show_jobs or show_failed):
+        may_pause = self.has_pause_permission(request)
+        if not (show_jobs or show_failed or may_pause):
             raise PermissionDenied
         rows = [
             OverviewRow.of(stats, jobs=show_jobs, failed=show_failed)
             for stats in queue_overview()
-            # A queue is listed only for a count the user may see, so its name alone tells nothing more.
-            if (show_jobs and stats.size) or (show_failed and stats.failed)
+            # A queue is listed only for a count the user may see, or for a user who may pause
+            # it, so its name alone tells nothing more.
+            if ((show_jobs or may_pause) and (stats.size or stats.paused)) or (show_failed and stats.failed)
         ]
         context = {
             **self.admin_site.each_context(request),
@@ -309,10 +330,47 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
             "rows": rows,
             "show_jobs": show_jobs,
             "show_failed": show_failed,
+            "may_pause": may_pause,
             "jobs_url": reverse("admin:django_dbqueue_job_changelist") if show_jobs else "",
             "failed_url": reverse("admin:django_dbqueue_failedjob_changelist") if show_failed else "",
         }
         return TemplateResponse(request, "admin/django_dbqueue/overview.html", context)
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_dbqueue.pause_queue")
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """Pause the queue named in the POST; only a queue something uses (see ``pauses.is_known``)."""
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        queue = request.POST.get("queue", "")
+        try:
+            paused = pauses.pause(queue)
+        except ValueError as exc:
+            self.message_user(request, f"Nothing was paused: {exc}.", messages.ERROR)
+        else:
+            if paused:
+                message = f"Paused queue '{queue}': workers claim none of its jobs until it is resumed."
+                self.message_user(request, message, messages.SUCCESS)
+            else:
+                self.message_user(request, f"Queue '{queue}' was already paused.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:django_dbqueue_overview"))
+
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
+        """Resume the queue named in the POST."""
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        queue = request.POST.get("queue", "")
+        try:
+            resumed = pauses.resume(queue)
+        except ValueError as exc:
+            self.message_user(request, f"Nothing was resumed: {exc}.", messages.ERROR)
+        else:
+            if resumed:
+                self.message_user(request, f"Resumed queue '{queue}'.", messages.SUCCESS)
+            else:
+                self.message_user(request, f"Queue '{queue}' was not paused.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:django_dbqueue_overview"))
 
     def _may_view_failed(self, request: HttpRequest) -> bool:
         if self.admin_site.is_registered(FailedJob):

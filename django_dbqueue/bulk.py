@@ -24,6 +24,17 @@ from .db import DbNow, alias
 from .models import ANALYZE_AFTER, Job
 
 
+class Flow(NamedTuple):
+    """The flow-control columns of a job row (unique.py, concurrency.py, rates.py)."""
+
+    unique_key: str | None = None
+    unique_until_start: bool = False
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_key: str | None = None
+    rate_limit: str | None = None
+
+
 class NewJob(NamedTuple):
     """The values of a job row about to be inserted."""
 
@@ -36,6 +47,8 @@ class NewJob(NamedTuple):
     timeout: int | None
     # Seconds after the insert at which the job becomes available.
     delay: float
+    # None: the job uses no flow control (its flow columns are NULL).
+    flow: Flow | None = None
 
     def to_job(self) -> Job:
         """Return an unsaved ``Job`` whose times are the database's clock when it is saved."""
@@ -50,6 +63,7 @@ class NewJob(NamedTuple):
             timeout=self.timeout,
             available_at=now + timedelta(seconds=self.delay) if self.delay > 0 else now,
             created_at=now,
+            **(self.flow._asdict() if self.flow else {}),
         )
         job._state.db = alias()
         return job
@@ -75,8 +89,16 @@ _COLUMNS = (
     "reserved_at",
     "reserved_by",
     "created_at",
+    "unique_key",
+    "unique_until_start",
+    "concurrency_key",
+    "concurrency_limit",
+    "blocked",
+    "rate_key",
+    "rate_limit",
 )
-_PER_ROW = NewJob._fields[:-1]
+# The NewJob fields stored as they are (``delay`` becomes available_at, ``flow`` its columns).
+_PER_ROW = NewJob._fields[:-2]
 
 
 # Each column travels as one PostgreSQL array literal, built here: joining
@@ -94,6 +116,25 @@ def _int_array(values: Sequence[int | None]) -> str:
 
 def _float_array(values: Sequence[float]) -> str:
     return "{" + ",".join([repr(float(v)) for v in values]) + "}"
+
+
+def _nullable_text_array(values: Sequence[str | None]) -> str:
+    return "{" + ",".join(["NULL" if v is None else _text_array([v])[1:-1] for v in values]) + "}"
+
+
+def _bool_array(values: Sequence[bool]) -> str:
+    return "{" + ",".join(["t" if v else "f" for v in values]) + "}"
+
+
+# One per Flow field, in order.
+_FLOW_ENCODERS: tuple[Callable[[Sequence[Any]], str], ...] = (
+    _nullable_text_array,
+    _bool_array,
+    _nullable_text_array,
+    _int_array,
+    _nullable_text_array,
+    _nullable_text_array,
+)
 
 
 # One per NewJob field, in order.
@@ -123,7 +164,6 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job]:
     connection = connections[using]
     if connection.vendor != "postgresql" or not _fits_table():
         return _insert_instances(new_jobs, batch_size)
-    sql = _unnest_insert(connection)
     jobs: list[Job] = []
     with transaction.atomic(using=using, savepoint=False), _pipeline(connection):
         # Send every batch, then read what each returned: in pipeline mode the
@@ -131,9 +171,8 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job]:
         sent = []
         for start in range(0, len(new_jobs), batch_size):
             batch = new_jobs[start : start + batch_size]
-            columns = zip(*batch, strict=False)  # NewJob rows to columns
             cursor = connection.cursor()
-            cursor.execute(sql, [encode(column) for encode, column in zip(_ENCODERS, columns, strict=True)])
+            cursor.execute(*_statement(connection, batch))
             sent.append((batch, cursor))
         for batch, cursor in sent:
             with cursor:
@@ -163,11 +202,27 @@ def insert_one(new: NewJob) -> Job:
         _load_database_times([job])
         return job
     with connection.cursor() as cursor:
-        cursor.execute(
-            _unnest_insert(connection), [encode([value]) for encode, value in zip(_ENCODERS, new, strict=True)]
-        )
+        cursor.execute(*_statement(connection, [new]))
         row = cursor.fetchone()
     return _saved(using, new, *row)
+
+
+def _statement(connection: BaseDatabaseWrapper, batch: Sequence[NewJob]) -> tuple[str, list[str]]:
+    """The unnest INSERT of ``batch`` and its parameters: one array per column.
+
+    A batch in which no job uses flow control leaves the flow columns to their
+    defaults (NULL), so it sends no array for them.
+    """
+    columns = list(zip(*batch, strict=True))  # NewJob rows to columns
+    params = [encode(column) for encode, column in zip(_ENCODERS, columns, strict=False)]
+    if not any(new.flow for new in batch):
+        return _unnest_insert(connection), params
+    flows = [new.flow or _NO_FLOW for new in batch]
+    params += [encode(column) for encode, column in zip(_FLOW_ENCODERS, zip(*flows, strict=True), strict=True)]
+    return _unnest_insert(connection, flow=True), params
+
+
+_NO_FLOW = Flow()
 
 
 def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at: datetime) -> Job:
@@ -185,7 +240,17 @@ def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at:
         new.retry_after,
         new.timeout,
     )
-    return Job.from_db(using, _COLUMNS, (*values, available_at, None, "", created_at))
+    flow = new.flow or _NO_FLOW
+    unique_key, until_start, concurrency_key, concurrency_limit, rate_key, rate_limit = flow
+    return Job.from_db(
+        using,
+        _COLUMNS,
+        (
+            *values,
+            *(available_at, None, "", created_at),
+            *(unique_key, until_start, concurrency_key, concurrency_limit, False, rate_key, rate_limit),
+        ),
+    )
 
 
 def analyze_if_large(using: str, count: int) -> None:
@@ -214,23 +279,25 @@ def _fits_table() -> bool:
     return tuple(field.attname for field in Job._meta.concrete_fields) == _COLUMNS
 
 
-def _unnest_insert(connection: BaseDatabaseWrapper) -> str:
-    """The INSERT of one batch: one array parameter per ``NewJob`` field, the times from the server's clock.
+def _unnest_insert(connection: BaseDatabaseWrapper, *, flow: bool = False) -> str:
+    """The INSERT of one batch: one array parameter per ``NewJob`` field (and per
+    ``Flow`` field with ``flow``), the times from the server's clock.
 
     Identifiers come from the model's ``_meta``, quoted by the backend. Built
     once per backend (PostgreSQL only, today).
     """
-    sql = _UNNEST_INSERT.get(connection.vendor)
+    key = (connection.vendor, flow)
+    sql = _UNNEST_INSERT.get(key)
     if sql is None:
-        sql = _UNNEST_INSERT[connection.vendor] = _build_unnest_insert(connection)
+        sql = _UNNEST_INSERT[key] = _build_unnest_insert(connection, flow)
     return sql
 
 
-# The INSERT's text per database vendor.
-_UNNEST_INSERT: dict[str, str] = {}
+# The INSERT's text per database vendor, with and without the flow columns.
+_UNNEST_INSERT: dict[tuple[str, bool], str] = {}
 
 
-def _build_unnest_insert(connection: BaseDatabaseWrapper) -> str:
+def _build_unnest_insert(connection: BaseDatabaseWrapper, flow: bool) -> str:
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
@@ -238,11 +305,15 @@ def _build_unnest_insert(connection: BaseDatabaseWrapper) -> str:
         assert db_column is not None
         return quote(db_column)
 
-    arrays = ", ".join(f"%s::{_array_type(_field(name), connection)}[]" for name in _PER_ROW)
+    def arrays(names: Sequence[str]) -> str:
+        return ", ".join(f"%s::{_array_type(_field(name), connection)}[]" for name in names)
+
+    flow_names = Flow._fields if flow else ()
     names = [
         *_PER_ROW,
         *("attempts", "given_back", "cancel", "exceptions"),
         *("reserved_at", "reserved_by", "available_at", "created_at"),
+        *flow_names,
     ]
     values = [
         *(f"r.{name}" for name in _PER_ROW),
@@ -251,11 +322,14 @@ def _build_unnest_insert(connection: BaseDatabaseWrapper) -> str:
         "''",
         "statement_timestamp() + make_interval(secs => r.delay)",
         "statement_timestamp()",
+        *(f"r.{name}" for name in flow_names),
     ]
+    flow_arrays = f", {arrays(flow_names)}" if flow else ""
     return (
         f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(column(name) for name in names)}) "
         f"SELECT {', '.join(values)} "
-        f"FROM unnest({arrays}, %s::float8[]) AS r({', '.join(NewJob._fields)}) "
+        f"FROM unnest({arrays(_PER_ROW)}, %s::float8[]{flow_arrays}) "
+        f"AS r({', '.join([*_PER_ROW, 'delay', *flow_names])}) "
         f"RETURNING {column('id')}, {column('available_at')}, {column('created_at')}"
     )
 

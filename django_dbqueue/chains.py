@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import conf, payload, validation
-from .bulk import NewJob
+from .bulk import Flow, NewJob
 from .exceptions import PayloadError, UnknownQueue
 from .models import Job
 from .registry import JobCall, JobDefinition, _load_database_times
@@ -63,6 +63,10 @@ def new_job(
     for key in ("retry_until", "max_exceptions"):
         if step.get(key) is not None:
             envelope[key] = step[key]
+    flow = flow_of(step)
+    if flow is not None:
+        # Kept in the envelope too, so a retry from FailedJob takes the same keys.
+        envelope["flow"] = {name: value for name, value in flow._asdict().items() if value}
     text = payload.dumps(envelope)
     if check:
         # The steps that follow are checked now too: a follow-up is enqueued when
@@ -79,7 +83,16 @@ def new_job(
         retry_after=int(step.get("retry_after") or conf.get("RETRY_AFTER")),
         timeout=step.get("timeout"),
         delay=float(step.get("delay") or 0),
+        flow=flow,
     )
+
+
+def flow_of(step: dict[str, Any]) -> Flow | None:
+    """The flow-control columns of a step (its ``flow`` dict), or None if it uses none."""
+    values = step.get("flow")
+    if not values:
+        return None
+    return Flow(**values)
 
 
 def check_queue(name: str, queue: Any) -> None:

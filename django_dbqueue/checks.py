@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 
-from . import conf, middleware, registry, validation
+from . import conf, middleware, rates, registry, validation
 
 CLAIM_VENDORS = ("postgresql", "mysql", "sqlite")
 
@@ -40,6 +40,19 @@ def _queue_names(value: Any) -> bool:
         and bool(value)
         and all(validation.queue_name_error(name) is None for name in value)
     )
+
+
+def _rate_limits(value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    for queue, limit in value.items():
+        if validation.queue_name_error(queue) is not None:
+            return False
+        try:
+            rates.queue_setting(limit)
+        except ValueError:
+            return False
+    return True
 
 
 VALIDATORS: dict[str, tuple[str, Any]] = {
@@ -80,6 +93,11 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "MIDDLEWARE": (
         "a list of middleware: callables, or dotted paths that import to callables",
         middleware.valid_list,
+    ),
+    "RATE_LIMITS": (
+        "a dict of queue name to a rate limit: 'N/unit' (unit s, m, h or d, such as '100/m') "
+        "or {'rate': 'N/unit', 'burst': n}",
+        _rate_limits,
     ),
 }
 assert set(VALIDATORS) == set(conf.DEFAULTS)

@@ -69,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     # Middleware wrapped around every run of every job, outermost first: callables
     # ``middleware(context, call_next)`` or their dotted paths (see middleware.py).
     "MIDDLEWARE": [],
+    # Rate limits per queue: {"emails": "100/m"} or {"emails": {"rate": "100/m", "burst": 10}};
+    # a claim of such a queue takes no more jobs than its bucket has tokens (rates.py).
+    "RATE_LIMITS": {},
 }
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -164,3 +166,39 @@ def watch_network() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.connection is not None:
             apply_network_timeout(connection)
+
+
+def bound_cursor(connection: Any) -> Any:
+    """A cursor for the worker's fixed statements: on psycopg 3, one that sends the
+    parameters apart from the SQL (server-side binding), which spares formatting
+    them into the query text in Python; elsewhere the connection's usual cursor.
+
+    Django's cursor wrappers keep its error translation and query logging. The
+    statements are prepared by the server only if the project asked psycopg to
+    (OPTIONS ``prepare_threshold``), as for any query.
+    """
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    cursor = psycopg.Cursor(connection.connection)
+    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
+
+
+def cached_sql(build: Callable[[Any], str]) -> Callable[[Any], str]:
+    """Build a fixed statement once per database vendor."""
+    texts: dict[str, str] = {}
+
+    @functools.wraps(build)
+    def sql(connection: Any) -> str:
+        text = texts.get(connection.vendor)
+        if text is None:
+            text = texts[connection.vendor] = build(connection)
+        return text
+
+    return sql

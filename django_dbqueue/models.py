@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +23,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
 from . import conf
-from .db import DbNow, alias, claims_with_skip_locked, read_back
+from .db import DbNow, alias, bound_cursor, cached_sql, read_back
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -105,9 +106,11 @@ class JobManager(models.Manager["Job"]):
         so only an idle worker pays for the reclaim (``before_reclaim`` is called
         first: a reclaim of many rows can take a while).
         """
+        from .claims import claim
+
         if limit < 1:
             raise ValueError("limit must be at least 1")
-        jobs = self._claim_first(queues, limit, worker_id)
+        jobs = claim(self.get_queryset().db, queues, limit, worker_id)
         if not jobs:
             jobs = self._reclaim_and_claim(queues, limit, worker_id, default_tries, before_reclaim)
         return jobs
@@ -120,10 +123,15 @@ class JobManager(models.Manager["Job"]):
         default_tries: int | None,
         before_reclaim: Callable[[], None] | None,
     ) -> list[Job]:
+        from .claims import claim
+
         if before_reclaim is not None:
             before_reclaim()
-        if self.reclaim_expired(default_tries=default_tries):
-            return self._claim_first(queues, limit, worker_id)
+        reclaimed = self.reclaim_expired(default_tries=default_tries)
+        from .concurrency import sweep_now_and_then
+
+        if sweep_now_and_then(self.get_queryset().db) or reclaimed:
+            return claim(self.get_queryset().db, queues, limit, worker_id)
         return []
 
     def finish_and_reserve(
@@ -154,104 +162,34 @@ class JobManager(models.Manager["Job"]):
         )
         if not done:
             return set(), reserve()
+        from .claims import claim_params, from_claim, plain_claimed, uses_flow_claim
+
         using = self.get_queryset().db
-        if connections[using].vendor != "postgresql" or not queues:
+        if (
+            connections[using].vendor != "postgresql"
+            or not queues
+            or uses_flow_claim(queues[0])
+            or any(job.concurrency_key for job in done)
+        ):
             deleted = self.delete_many_reserved(done)
             return deleted, reserve()
         connection = connections[using]
-        with _bound_cursor(connection) as cursor:
+        with bound_cursor(connection) as cursor:
             cursor.execute(
                 _finish_and_claim_sql(connection),
-                [[job.pk for job in done], [job.attempts for job in done], worker_id, queues[0], limit],
+                [[job.pk for job in done], [job.attempts for job in done], *claim_params(worker_id, queues[0], limit)],
             )
             rows = cursor.fetchall()
         deleted = set(rows[0][0])
-        jobs = self._from_claim(using, [row[1:] for row in rows if row[1] is not None])
+        jobs = plain_claimed(queues[0], from_claim(using, [row[1:] for row in rows if row[1] is not None]))
         if not jobs:
             # The first queue is empty: the others, then as ``reserve_many``.
-            jobs = self._claim_first(queues[1:], limit, worker_id)
+            from .claims import claim
+
+            jobs = claim(using, queues[1:], limit, worker_id)
             if not jobs:
                 jobs = self._reclaim_and_claim(queues, limit, worker_id, default_tries, before_reclaim)
         return deleted, jobs
-
-    def _claim_first(self, queues: Sequence[str], limit: int, worker_id: str) -> list[Job]:
-        using = self.get_queryset().db
-        if connections[using].vendor == "postgresql":
-            claim = self._claim_returning
-        elif claims_with_skip_locked(using):
-            claim = self._claim_locked
-        else:
-            claim = self._claim_cas
-        for queue in queues:
-            jobs = claim(using, queue, limit, worker_id)
-            if jobs:
-                return jobs
-        return []
-
-    def _candidates(self, using: str, queue: str, limit: int) -> JobQuerySet:
-        # The shape the index ``dbqueue_job_claim`` serves: equality on queue,
-        # then the ORDER BY in index order, so LIMIT stops at the first rows.
-        return (
-            self.get_queryset()
-            .using(using)
-            .filter(queue=queue, reserved_at__isnull=True, available_at__lte=DbNow())
-            .order_by("-priority", "available_at", "id")
-            .annotate(**_DB_NOW)[:limit]
-        )
-
-    def _claim_returning(self, using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
-        """Claim in one statement (PostgreSQL): lock the first waiting rows with
-        ``FOR UPDATE SKIP LOCKED`` and mark them reserved, returning them.
-
-        The same rows and order as ``_claim_locked``, in one round trip and one
-        commit instead of four statements. The SQL is fixed: every identifier
-        comes from the model's meta, every value is a parameter.
-        """
-        connection = connections[using]
-        with _bound_cursor(connection) as cursor:
-            cursor.execute(_claim_sql(connection), [worker_id, queue, limit])
-            return self._from_claim(using, cursor.fetchall())
-
-    def _from_claim(self, using: str, rows: Iterable[Sequence[Any]]) -> list[Job]:
-        """Jobs from rows of the claim's RETURNING, in the claim's order (RETURNING has none)."""
-        names = [field.attname for field in self.model._meta.concrete_fields]
-        jobs = [self.model.from_db(using, names, row) for row in rows]
-        jobs.sort(key=lambda job: (-job.priority, job.available_at, job.pk))
-        return jobs
-
-    def _claim_locked(self, using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
-        """Claim with ``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL, MariaDB, MySQL)."""
-        with transaction.atomic(using=using):
-            jobs = list(self._candidates(using, queue, limit).select_for_update(skip_locked=True))
-            if not jobs:
-                return []
-            now = jobs[0].db_now
-            self.get_queryset().using(using).filter(pk__in=[job.pk for job in jobs]).update(
-                attempts=F("attempts") + 1, reserved_at=now, reserved_by=worker_id
-            )
-        for job in jobs:
-            job.attempts += 1
-            job.reserved_at = now
-            job.reserved_by = worker_id
-        return jobs
-
-    def _claim_cas(self, using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
-        """Claim by compare-and-set (SQLite: writers are serialised, no row locks)."""
-        claimed = []
-        for job in self._candidates(using, queue, limit):
-            updated = (
-                self.get_queryset()
-                .using(using)
-                .held(job)
-                .filter(reserved_at__isnull=True)
-                .update(attempts=F("attempts") + 1, reserved_at=job.db_now, reserved_by=worker_id)
-            )
-            if updated:
-                job.attempts += 1
-                job.reserved_at = job.db_now
-                job.reserved_by = worker_id
-                claimed.append(job)
-        return claimed
 
     # -- extend a reservation ----------------------------------------------
 
@@ -295,10 +233,18 @@ class JobManager(models.Manager["Job"]):
         """
         if not jobs:
             return set()
+        if any(job.concurrency_key for job in jobs):
+            with transaction.atomic(using=self.get_queryset().db):
+                deleted = self._delete_many(jobs)
+                _slots_freed(self.get_queryset().db, [job for job in jobs if job.pk in deleted])
+            return deleted
+        return self._delete_many(jobs)
+
+    def _delete_many(self, jobs: Sequence[Job]) -> set[int]:
         connection = connections[self.get_queryset().db]
-        table, pk, attempts = _names(connection, "id", "attempts")
+        table, pk, attempts = sql_names(connection, "id", "attempts")
         ids = {job.pk for job in jobs}
-        with _bound_cursor(connection) as cursor:
+        with bound_cursor(connection) as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute(_delete_sql(connection), [[job.pk for job in jobs], [job.attempts for job in jobs]])
                 return {row[0] for row in cursor.fetchall()}
@@ -323,12 +269,13 @@ class JobManager(models.Manager["Job"]):
         transaction, so they exist if and only if the job is gone.
         """
         queryset = self.get_queryset().held(job)
-        if not follow_ups:
+        if not follow_ups and not job.concurrency_key:
             return bool(queryset.delete_now())
         with transaction.atomic(using=queryset.db):
             deleted = queryset.delete_now()
             if deleted:
                 self.bulk_enqueue(follow_ups)
+                _slots_freed(queryset.db, [job])
         return bool(deleted)
 
     def release(self, job: Job, *, delay: float = 0, give_back: bool = False, exception: bool = False) -> bool:
@@ -343,7 +290,11 @@ class JobManager(models.Manager["Job"]):
             changes["given_back"] = F("given_back") + 1
         if exception:
             changes["exceptions"] = F("exceptions") + 1
-        released = bool(self.get_queryset().held(job).update(**changes))
+        queryset = self.get_queryset().held(job)
+        with transaction.atomic(using=queryset.db) if job.concurrency_key else nullcontext():
+            released = bool(queryset.update(**changes))
+            if released:
+                _slots_freed(queryset.db, [job])
         if released and give_back:
             job.given_back += 1
         return released
@@ -367,6 +318,7 @@ class JobManager(models.Manager["Job"]):
         with transaction.atomic(using=queryset.db):
             if not queryset.delete_now():
                 return None
+            _slots_freed(queryset.db, [job])
             if follow_ups:
                 self.bulk_enqueue(follow_ups)
             failed = FailedJob.objects.using(queryset.db).create(
@@ -465,12 +417,15 @@ class JobManager(models.Manager["Job"]):
                 )
                 outcome = "failed"
             else:
-                done = bool(
-                    self.get_queryset()
-                    .held(job)
-                    .filter(reserved_at=job.reserved_at)
-                    .update(reserved_at=None, reserved_by="")
-                )
+                with transaction.atomic(using=self.get_queryset().db):
+                    done = bool(
+                        self.get_queryset()
+                        .held(job)
+                        .filter(reserved_at=job.reserved_at)
+                        .update(reserved_at=None, reserved_by="")
+                    )
+                    if done:
+                        _slots_freed(self.get_queryset().db, [job])
                 outcome = "waiting"
             if done:
                 reclaimed += 1
@@ -543,7 +498,7 @@ def _held_by_reservation(jobs: Iterable[Job]) -> Q:
     return condition
 
 
-def _names(connection: Any, *fields: str) -> list[str]:
+def sql_names(connection: Any, *fields: str) -> list[str]:
     """The job table's quoted name, then the quoted columns of ``fields``: identifiers
     for fixed SQL come from the model's meta, never from input."""
     meta = Job._meta
@@ -552,81 +507,41 @@ def _names(connection: Any, *fields: str) -> list[str]:
     return [str(qn(meta.db_table)), *(str(qn(columns[name])) for name in fields)]
 
 
-def _bound_cursor(connection: Any) -> Any:
-    """A cursor for the worker's fixed statements: on psycopg 3, one that sends the
-    parameters apart from the SQL (server-side binding), which spares formatting
-    them into the query text in Python; elsewhere the connection's usual cursor.
-
-    Django's cursor wrappers keep its error translation and query logging. The
-    statements are prepared by the server only if the project asked psycopg to
-    (OPTIONS ``prepare_threshold``), as for any query.
-    """
-    if connection.vendor != "postgresql":
-        return connection.cursor()
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    if not is_psycopg3:
-        return connection.cursor()
-    import psycopg
-
-    connection.ensure_connection()
-    cursor = psycopg.Cursor(connection.connection)
-    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
-
-
-def _cached_sql(build: Callable[[Any], str]) -> Callable[[Any], str]:
-    """Build a fixed statement once per database vendor."""
-    texts: dict[str, str] = {}
-
-    @functools.wraps(build)
-    def sql(connection: Any) -> str:
-        text = texts.get(connection.vendor)
-        if text is None:
-            text = texts[connection.vendor] = build(connection)
-        return text
-
-    return sql
-
-
-@_cached_sql
+@cached_sql
 def _delete_sql(connection: Any) -> str:
     """PostgreSQL: delete the rows whose (id, attempts) are in two arrays, returning their ids."""
-    table, pk, attempts = _names(connection, "id", "attempts")
+    table, pk, attempts = sql_names(connection, "id", "attempts")
     return (
         f"DELETE FROM {table} USING unnest(%s::bigint[], %s::bigint[]) AS done (id, attempts) "
         f"WHERE {table}.{pk} = done.id AND {table}.{attempts} = done.attempts RETURNING {table}.{pk} AS id"
     )
 
 
-@_cached_sql
+@cached_sql
 def _finish_and_claim_sql(connection: Any) -> str:
-    """PostgreSQL: ``_delete_sql`` and ``_claim_sql`` in one statement and one transaction.
+    """PostgreSQL: ``_delete_sql`` and ``claims.claim_sql`` in one statement and one transaction.
 
     Each row holds the array of deleted ids, then a claimed row's columns; when
     nothing was claimed, one row holds the array and NULLs. Both parts read the
     same snapshot; they never touch the same rows (one deletes rows this worker
     holds, the other claims rows nobody does).
     """
+    from .claims import claim_sql
+
     return (
-        f"WITH done AS ({_delete_sql(connection)}), claimed AS ({_claim_sql(connection)}) "
+        f"WITH done AS ({_delete_sql(connection)}), claimed AS ({claim_sql(connection)}) "
         "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
     )
 
 
-@_cached_sql
-def _claim_sql(connection: Any) -> str:
-    """The one-statement claim for PostgreSQL."""
-    table, pk, queue, priority, available_at, reserved_at, reserved_by, attempts = _names(
-        connection, "id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts"
-    )
-    returning = ", ".join(_names(connection, *(field.name for field in Job._meta.concrete_fields))[1:])
-    return (
-        f"UPDATE {table} SET {attempts} = {attempts} + 1, {reserved_at} = STATEMENT_TIMESTAMP(), {reserved_by} = %s "
-        f"WHERE {pk} IN (SELECT {pk} FROM {table} WHERE {queue} = %s AND {reserved_at} IS NULL "
-        f"AND {available_at} <= STATEMENT_TIMESTAMP() "
-        f"ORDER BY {priority} DESC, {available_at}, {pk} LIMIT %s FOR UPDATE SKIP LOCKED) "
-        f"RETURNING {returning}"
-    )
+def _slots_freed(using: str, jobs: Iterable[Job]) -> None:
+    """In the transaction that ended these jobs' reservations: unblock the rows
+    waiting for a slot of their concurrency keys (concurrency.py)."""
+    keys = [job.concurrency_key for job in jobs if job.concurrency_key]
+    if keys:
+        from .concurrency import unblock
+
+        unblock(using, keys)
 
 
 def _send_cancelled(job_id: int, failed: FailedJob) -> None:
@@ -686,21 +601,22 @@ class Job(models.Model):
     # reclaim a dead child's jobs at once.
     reserved_by = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField()
-    # Flow control (docs/flow.md). No other row may hold the same unique_key
+    # Flow control (docs/flow.md); NULL, not "", when unused: unique indexes
+    # leave NULLs out, and partial indexes hold only the rows that use it. No other row may hold the same unique_key
     # (unique.py): it is freed when the row is deleted or moves to FailedJob, or
     # by the claim when unique_until_start is set.
-    unique_key = models.CharField(max_length=255, null=True, blank=True)
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     unique_until_start = models.BooleanField(default=False, db_default=False)
     # At most concurrency_limit reserved rows share a concurrency_key (concurrency.py).
-    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     concurrency_limit = models.PositiveSmallIntegerField(null=True, blank=True)
     # Waiting for a free slot of its concurrency key: claims skip it until a
     # reservation of that key ends and unblocks it.
     blocked = models.BooleanField(default=False, db_default=False)
     # The rate-limit bucket its starts spend, and that bucket's limit as
     # "count/seconds/burst" (rates.py).
-    rate_key = models.CharField(max_length=255, null=True, blank=True)
-    rate_limit = models.CharField(max_length=50, null=True, blank=True)
+    rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    rate_limit = models.CharField(max_length=50, null=True, blank=True)  # noqa: DJ001
 
     objects = JobManager()
 
@@ -799,27 +715,61 @@ def _retry_pointers(retried: list[tuple[int, Job]]) -> None:
     )
 
 
+def _flow_columns(text: str) -> dict[str, Any]:
+    """The flow-control columns a failed job had, from its envelope (``chains.new_job`` keeps them there)."""
+    from .exceptions import PayloadError
+    from .payload import raw
+
+    try:
+        flow = raw(text).get("flow")
+    except (ValueError, PayloadError):
+        return {}
+    return dict(flow) if isinstance(flow, dict) else {}
+
+
+def _without_taken_keys(failed: list[FailedJob], rows: list[Job]) -> tuple[list[FailedJob], list[Job]]:
+    """Leave out the failed jobs whose unique key another job holds now: they stay failed, with a warning."""
+    keys = [row.unique_key for row in rows if row.unique_key]
+    if not keys:
+        return failed, rows
+    taken = set(Job.objects.filter(unique_key__in=keys).values_list("unique_key", flat=True))
+    if not taken:
+        return failed, rows
+    kept = [(old, new) for old, new in zip(failed, rows, strict=True) if new.unique_key not in taken]
+    for old, new in zip(failed, rows, strict=True):
+        if new.unique_key in taken:
+            logger.warning(
+                "failed job %s (%s) not retried: job %s with the same unique key %r is waiting or running",
+                old.pk,
+                old.name,
+                Job.objects.filter(unique_key=new.unique_key).values_list("pk", flat=True).first(),
+                new.unique_key,
+            )
+    return [old for old, _ in kept], [new for _, new in kept]
+
+
 class FailedJobQuerySet(models.QuerySet["FailedJob"]):
     def retry(self) -> list[Job]:
         """Put each failed job back as a fresh job and remove its failed row, in one transaction."""
         with transaction.atomic(using=self.db):
             failed = list(self.select_for_update().order_by("id"))
-            jobs = Job.objects.bulk_enqueue(
-                [
-                    Job(
-                        queue=row.queue,
-                        name=row.name,
-                        payload=row.payload,
-                        priority=row.priority,
-                        max_tries=row.max_tries,
-                        retry_after=row.retry_after,
-                        timeout=row.timeout,
-                        available_at=DbNow(),
-                        created_at=DbNow(),
-                    )
-                    for row in failed
-                ]
-            )
+            rows = [
+                Job(
+                    queue=row.queue,
+                    name=row.name,
+                    payload=row.payload,
+                    priority=row.priority,
+                    max_tries=row.max_tries,
+                    retry_after=row.retry_after,
+                    timeout=row.timeout,
+                    available_at=DbNow(),
+                    created_at=DbNow(),
+                    **_flow_columns(row.payload),
+                )
+                for row in failed
+            ]
+            failed, rows = _without_taken_keys(failed, rows)
+            jobs = Job.objects.bulk_enqueue(rows)
             FailedJob.objects.using(self.db).filter(pk__in=[row.pk for row in failed]).delete()
             # A handle of the failed id follows the job to its new run.
             _retry_pointers([(row.job_id, job) for row, job in zip(failed, jobs, strict=True)])
@@ -1041,6 +991,28 @@ class ScheduleState(models.Model):
         return self.name
 
 
+class FlowLimitManager(QueueDatabaseManager):
+    def lock(self, keys: Iterable[str]) -> dict[str, FlowLimit]:
+        """Lock the rows of ``keys`` for the current transaction, creating the missing
+        ones; return them by key, with the database's clock in ``db_now``.
+
+        Rows are locked in key order, so claims that lock several keys never wait
+        on each other in a circle.
+        """
+        keys = sorted(set(keys))
+        queryset = self.get_queryset()
+        found = {row.key: row for row in _locked(queryset.filter(key__in=keys))}
+        missing = [key for key in keys if key not in found]
+        if missing:
+            queryset.bulk_create([FlowLimit(key=key) for key in missing], ignore_conflicts=True)
+            found.update({row.key: row for row in _locked(queryset.filter(key__in=missing))})
+        return found
+
+
+def _locked(queryset: models.QuerySet[Any]) -> list[Any]:
+    return list(queryset.order_by("key").select_for_update().annotate(**_DB_NOW))
+
+
 class FlowLimit(models.Model):
     """A row per concurrency key and per rate-limit bucket, locked by the claims that use it.
 
@@ -1055,7 +1027,10 @@ class FlowLimit(models.Model):
     tokens = models.FloatField(default=0)
     updated_at = models.DateTimeField(null=True, blank=True)
 
-    objects = QueueDatabaseManager()
+    objects = FlowLimitManager()
+
+    # The database's clock, on rows read by ``FlowLimit.objects.lock``.
+    db_now: datetime
 
     class Meta:
         db_table = "dbqueue_limit"

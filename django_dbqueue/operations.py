@@ -14,7 +14,7 @@ from . import conf
 from .bulk import analyze_if_large
 from .db import DbNow, alias
 from .exceptions import FailedJobsNotFound
-from .models import ANALYZE_AFTER, FailedJob, FailedJobQuerySet, Job, QueueControl, QueueWorker
+from .models import ANALYZE_AFTER, FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
 
 RESTART_KEY = "restart"
 # Failed jobs retried per transaction: memory and lock time stay bounded, and an
@@ -49,11 +49,17 @@ class QueueStats:
     reserved: int = 0
     failed: int = 0
     oldest_waiting_seconds: float | None = None
+    # When the queue was paused (see pauses.py); None: it is not paused.
+    paused_at: datetime | None = None
 
     @property
     def size(self) -> int:
         """Jobs not yet done: waiting, delayed and reserved."""
         return self.waiting + self.delayed + self.reserved
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
 
 
 def read_alias() -> str:
@@ -62,7 +68,8 @@ def read_alias() -> str:
 
 
 def queue_overview() -> list[QueueStats]:
-    """Counts per queue, from two grouped queries on ``read_alias()``."""
+    """Counts per queue from two grouped queries, and the paused queues from a third, all
+    on ``read_alias()``; a paused queue without jobs is listed too."""
     using = read_alias()
     now = DbNow()
     waiting = Q(reserved_at__isnull=True, available_at__lte=now)
@@ -90,6 +97,8 @@ def queue_overview() -> list[QueueStats]:
         )
     for queue, count in failed.items():
         stats.setdefault(queue, QueueStats(queue, failed=count))
+    for queue, paused_at in PausedQueue.objects.using(using).values_list("queue", "paused_at"):
+        stats[queue] = dataclasses.replace(stats.get(queue, QueueStats(queue)), paused_at=paused_at)
     return sorted(stats.values(), key=lambda item: item.queue)
 
 

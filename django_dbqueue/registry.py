@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, NoReturn, 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from . import conf, payload, signals, validation
+from . import concurrency, conf, payload, rates, signals, unique, validation
 from .exceptions import JobCancelled, JobNotRegistered, Snooze
 
 if TYPE_CHECKING:
@@ -122,6 +122,23 @@ class JobDefinition(Generic[P, R]):
     # Fail once this many attempts ended in an exception, whatever tries remain (tries
     # also count reservations lost with their worker); None: no such limit.
     max_exceptions: int | None = None
+    # Flow control (docs/flow.md). Unique jobs: ``unique`` True (or "until_finished")
+    # holds the key while the job waits or runs, "until_started" until a worker
+    # claims it; ``unique_key``: a str or a callable of the arguments (default:
+    # the arguments themselves); ``unique_for``: seconds after an enqueue in which
+    # no other enqueue of the key is stored.
+    unique: bool | str = False
+    unique_key: str | Callable[..., Any] | None = None
+    unique_for: float | None = None
+    # At most ``concurrency_limit`` (default 1) jobs with the same key run at once;
+    # a str or a callable of the arguments (default: the job's name).
+    concurrency_key: str | Callable[..., Any] | None = None
+    concurrency_limit: int | None = None
+    # At most N starts per period ("100/m"), shared by the jobs with the same
+    # ``rate_key`` (a str or a callable of the arguments; default: the job's name).
+    rate_limit: str | None = None
+    rate_key: str | Callable[..., Any] | None = None
+    rate_burst: int | None = None
 
     def __post_init__(self) -> None:
         # A tuple, so the definition stays hashable and the list passed in can change freely.
@@ -177,6 +194,11 @@ class JobDefinition(Generic[P, R]):
         return await self.bind(*args, **kwargs).aenqueue()
 
     @property
+    def uses_limits(self) -> bool:
+        """Whether its jobs carry a concurrency key or a rate limit (claimed by the flow claim)."""
+        return self.concurrency_key is not None or self.concurrency_limit is not None or self.rate_limit is not None
+
+    @property
     def effective_queue(self) -> str:
         return self.queue or str(conf.get("QUEUE"))
 
@@ -221,6 +243,13 @@ class JobCall:
             step["retry_until"] = retry_deadline(definition.name, definition.retry_until)
         if definition.max_exceptions is not None:
             step["max_exceptions"] = definition.max_exceptions
+        flow = {
+            **unique.step_values(definition, self.args, self.kwargs),
+            **concurrency.step_values(definition, self.args, self.kwargs),
+            **rates.step_values(definition, self.args, self.kwargs),
+        }
+        if flow:
+            step["flow"] = flow
         return step
 
     def to_new_job(self) -> NewJob:
@@ -348,6 +377,13 @@ def _validate_options(definition: JobDefinition[..., Any]) -> None:
 
     if definition.retry_until is not None:
         error = _retry_until_error(definition.retry_until, callable_ok=True)
+        if error is not None:
+            raise ImproperlyConfigured(f"{where}: {error}")
+    for error in (
+        unique.options_error(definition),
+        concurrency.options_error(definition),
+        rates.options_error(definition),
+    ):
         if error is not None:
             raise ImproperlyConfigured(f"{where}: {error}")
     for entry in definition.middleware:

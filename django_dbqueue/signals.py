@@ -20,3 +20,7 @@ job_failed = Signal()
 # waiting or delayed job by whoever cancelled it, and for a running one by its worker
 # (which sends ``job_failed`` too, with the ``JobCancelled`` exception).
 job_cancelled = Signal()
+# A queue was paused (``pauses.pause``): ``queue``. Sent by whoever paused it, once the pause is stored.
+queue_paused = Signal()
+# A paused queue was resumed (``pauses.resume``): ``queue``.
+queue_resumed = Signal()

@@ -6,7 +6,9 @@ by the database later.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 # A queue name: letters, digits and ``_ . : -``, starting with a letter or digit;
@@ -41,3 +43,34 @@ def check_queue_name(name: Any) -> str:
     if error is not None:
         raise ValueError(error)
     return str(name)
+
+
+# Flow-control keys (unique, concurrency, rate) are varchar(255); a longer one is
+# stored as its start and a hash of the whole.
+KEY_MAX_LENGTH = 255
+
+
+def flow_key(
+    job_name: str, option: str, value: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str:
+    """The key ``option`` gives a call of ``job_name``: ``value`` itself, or what it returns when
+    called with the call's arguments. Raise ValueError saying which option failed and why."""
+    if callable(value):
+        try:
+            value = value(*args, **kwargs)
+        except Exception as exc:
+            raise ValueError(f"Cannot enqueue {job_name}: its {option} raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"Cannot enqueue {job_name}: its {option} must be a str or an int, not {type(value).__name__}")
+    key = str(value)
+    if not key:
+        raise ValueError(f"Cannot enqueue {job_name}: its {option} is empty")
+    return shorten_key(key)
+
+
+def shorten_key(key: str) -> str:
+    """``key`` if it fits a key column, else its start and the SHA-256 of the whole."""
+    if len(key) <= KEY_MAX_LENGTH:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return f"{key[: KEY_MAX_LENGTH - len(digest) - 1]}#{digest}"

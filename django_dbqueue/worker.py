@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import chains, conf, handles, progress, signals, workers
+from . import chains, conf, handles, progress, registry, signals, workers
+from .claims import retry_in, use_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute, outcome_of
@@ -184,6 +185,9 @@ class Worker:
         self._restart_checked = started
         watch_network()
         self._register()
+        for definition in registry.all_definitions().values():
+            if definition.uses_limits:
+                use_flow_claim(definition.effective_queue)
         logger.info(
             "worker started worker_id=%s queues=%s%s",
             self.worker_id,
@@ -318,7 +322,7 @@ class Worker:
                     if (reason := self._idle()) is not None:
                         return reason
                     continue
-                next_claim = time.monotonic() + options.sleep
+                next_claim = time.monotonic() + self._sleep()
             if self._done and time.monotonic() - self._done_since >= options.batch_window:
                 self._finish_done()
             # Until a job ends, a deadline, a signal; and, to claim again after an
@@ -411,8 +415,14 @@ class Worker:
         if self.options.stop_when_empty:
             return StopReason.EMPTY
         self._prune_progress()
-        self.wait(self.options.sleep, listen=True)
+        self.wait(self._sleep(), listen=True)
         return None
+
+    def _sleep(self) -> float:
+        """Seconds to wait after an empty claim: ``--sleep``, or less when a job held
+        back by a rate limit may start sooner."""
+        hint = retry_in()
+        return self.options.sleep if hint is None else min(self.options.sleep, hint)
 
     def _stop_reason(self, started: float) -> StopReason | None:
         options = self.options

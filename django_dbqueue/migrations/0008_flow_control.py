@@ -125,5 +125,5 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["expires_at"], name="dbqueue_unique_window_expires")],
             },
         ),
-        migrations.RunPython(create, drop, elidable=False),
+        migrations.RunPython(create, drop, elidable=False, atomic=False),
     ]

@@ -13,7 +13,8 @@ from django_dbqueue.management import options, output
 class Command(BaseCommand):
     help = (
         "Show each queue's waiting, delayed, reserved and failed jobs and how long the oldest "
-        "waiting job has waited; warn about queues with waiting jobs that no live worker serves. "
+        "waiting job has waited, and which queues are paused; warn about queues with waiting jobs "
+        "that no live worker serves. "
         "With --max, exit non-zero when a queue holds more jobs."
     )
 
@@ -53,6 +54,11 @@ class Command(BaseCommand):
         ]
         for line in output.table(headers, rows, shrink=(0,), right=(1, 2, 3, 4)):
             self.stdout.write(line)
+        for item in stats:
+            if item.paused:
+                self.stdout.write(
+                    f"Queue '{item.queue}' is paused: no worker claims its jobs until queue_resume {item.queue}."
+                )
         for item in operations.unserved(stats):
             self.stderr.write(
                 self.style.WARNING(

@@ -1,0 +1,317 @@
+"""The claim: the one place that picks the next jobs of a queue and marks them reserved.
+
+A claim takes waiting rows (``reserved_at IS NULL``, ``available_at`` passed,
+not ``blocked``) of a queue that is not paused, in the queue's order (priority,
+then ``available_at``, then id), and reserves them: ``attempts + 1``,
+``reserved_at`` and ``reserved_by`` set, and a unique key held only until the
+start (``unique_until_start``) freed. Two ways, chosen per queue:
+
+- The plain claim, for queues whose jobs use no concurrency key and no rate
+  limit: one ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)``
+  on PostgreSQL; ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE`` on
+  MariaDB/MySQL; a compare-and-set per row on SQLite.
+- The flow claim (``_claim_flow``), for queues that may hold such jobs: one
+  transaction that locks the candidate rows, then the ``FlowLimit`` rows of
+  their concurrency keys and rate buckets in key order; it reserves what the
+  limits admit, blocks the waiting rows of a saturated key
+  (``concurrency.block``) and moves a row held back by a rate limit to the
+  time its bucket has a token (``rates.hold``). Nothing it holds back spends a
+  try.
+
+A queue uses the flow claim once a job definition with a concurrency key or a
+rate limit is registered for it, or ``DBQUEUE["RATE_LIMITS"]`` names it; and,
+should the plain claim ever reserve such a job (one moved to another queue
+with ``using(queue=...)``), from then on: that job is given back unrun.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import Case, Exists, F, OuterRef, Value, When
+
+from . import concurrency, rates
+from .db import DbNow, bound_cursor, cached_sql, claims_with_skip_locked
+from .models import Job, JobQuerySet, PausedQueue, sql_names
+
+logger = logging.getLogger("django_dbqueue")
+
+# Annotation that reads the database's clock into ``Job.db_now`` (a dict, so the
+# type checker keeps the attribute declared on the model).
+_DB_NOW = {"db_now": DbNow()}
+
+# Candidate rows a flow claim reads beyond its limit, for the ones a limit holds back.
+FLOW_LOOKAHEAD = 16
+# Reads of candidates per flow claim; each round blocks or delays what it could not take.
+FLOW_ROUNDS = 4
+
+# Queues whose claims take the flow path (see the module's docstring).
+_flow_queues: set[str] = set()
+_hints = threading.local()
+
+
+def use_flow_claim(queue: str) -> None:
+    """Claim ``queue`` with the flow claim from now on, in this process."""
+    _flow_queues.add(queue)
+
+
+def uses_flow_claim(queue: str) -> bool:
+    return queue in _flow_queues or rates.queue_rate(queue) is not None
+
+
+def retry_in() -> float | None:
+    """Seconds until a job this thread's last claim held back for a rate limit may
+    start (so an idle worker looks again then, not after its ``--sleep``); None if none."""
+    return getattr(_hints, "seconds", None)
+
+
+def claim(using: str, queues: Sequence[str], limit: int, worker_id: str) -> list[Job]:
+    """Claim up to ``limit`` jobs from the first queue of ``queues`` that has any."""
+    _hints.seconds = None
+    for queue in queues:
+        jobs = claim_queue(using, queue, limit, worker_id)
+        if jobs:
+            return jobs
+    return []
+
+
+def claim_queue(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    if uses_flow_claim(queue):
+        return _claim_flow(using, queue, limit, worker_id)
+    if connections[using].vendor == "postgresql":
+        jobs = _claim_returning(using, queue, limit, worker_id)
+    elif claims_with_skip_locked(using):
+        jobs = _claim_locked(using, queue, limit, worker_id)
+    else:
+        jobs = _claim_cas(using, queue, limit, worker_id)
+    return plain_claimed(queue, jobs)
+
+
+def plain_claimed(queue: str, jobs: list[Job]) -> list[Job]:
+    """The jobs a plain claim of ``queue`` may run: one that uses a concurrency key or a
+    rate limit is given back unrun, and ``queue`` takes the flow claim from now on."""
+    flowed = [job for job in jobs if job.concurrency_key or job.rate_key]
+    if not flowed:
+        return jobs
+    use_flow_claim(queue)
+    logger.info("queue=%s holds jobs with concurrency keys or rate limits: claimed with limits from now on", queue)
+    for job in flowed:
+        Job.objects.release(job, give_back=True)
+    return [job for job in jobs if not (job.concurrency_key or job.rate_key)]
+
+
+# -- the plain claim -------------------------------------------------------
+
+
+def _claim_returning(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim in one statement (PostgreSQL); see ``claim_sql``."""
+    connection = connections[using]
+    with bound_cursor(connection) as cursor:
+        cursor.execute(claim_sql(connection), claim_params(worker_id, queue, limit))
+        return from_claim(using, cursor.fetchall())
+
+
+def claim_params(worker_id: str, queue: str, limit: int) -> list[Any]:
+    """The parameters of ``claim_sql``, in order."""
+    return [worker_id, queue, queue, queue, queue, limit, limit]
+
+
+def from_claim(using: str, rows: Iterable[Sequence[Any]]) -> list[Job]:
+    """Jobs from rows of the claim's RETURNING, in the claim's order (RETURNING has none)."""
+    names = [field.attname for field in Job._meta.concrete_fields]
+    jobs = [Job.from_db(using, names, row) for row in rows]
+    jobs.sort(key=lambda job: (-job.priority, job.available_at, job.pk))
+    return jobs
+
+
+def _waiting(using: str, queue: str) -> JobQuerySet:
+    """Rows of ``queue`` a claim may take now, unless the queue is paused."""
+    return (
+        Job.objects.get_queryset()
+        .using(using)
+        .filter(queue=queue, reserved_at__isnull=True, blocked=False, available_at__lte=DbNow())
+        .filter(~Exists(PausedQueue.objects.using(using).filter(queue=OuterRef("queue"))))
+    )
+
+
+def _candidates(using: str, queue: str, limit: int) -> JobQuerySet:
+    # The shape the index ``dbqueue_job_claim`` serves: equality on queue,
+    # then the ORDER BY in index order, so LIMIT stops at the first rows.
+    return _waiting(using, queue).order_by("-priority", "available_at", "id").annotate(**_DB_NOW)[:limit]
+
+
+# The claim's changes to a row, for the ORM paths (``claim_sql`` writes the same).
+def _reserve_changes(now: Any, worker_id: str) -> dict[str, Any]:
+    return {
+        "attempts": F("attempts") + 1,
+        "reserved_at": now,
+        "reserved_by": worker_id,
+        "unique_key": Case(When(unique_until_start=True, then=Value(None)), default=F("unique_key")),
+    }
+
+
+def _mark_reserved(jobs: Iterable[Job], now: Any, worker_id: str) -> None:
+    for job in jobs:
+        job.attempts += 1
+        job.reserved_at = now
+        job.reserved_by = worker_id
+        if job.unique_until_start:
+            job.unique_key = None
+
+
+def _claim_locked(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim with ``SELECT ... FOR UPDATE SKIP LOCKED`` (MariaDB, MySQL)."""
+    with transaction.atomic(using=using):
+        jobs = list(_candidates(using, queue, limit).select_for_update(skip_locked=True))
+        if not jobs:
+            return []
+        _reserve(using, jobs, worker_id)
+    return jobs
+
+
+def _reserve(using: str, jobs: list[Job], worker_id: str) -> None:
+    """Reserve rows this transaction has locked."""
+    now = jobs[0].db_now
+    Job.objects.using(using).filter(pk__in=[job.pk for job in jobs]).update(**_reserve_changes(now, worker_id))
+    _mark_reserved(jobs, now, worker_id)
+
+
+def _claim_cas(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim by compare-and-set (SQLite: writers are serialised, no row locks)."""
+    claimed = []
+    for job in _candidates(using, queue, limit):
+        if _reserve_one(using, job, worker_id):
+            claimed.append(job)
+    return claimed
+
+
+def _reserve_one(using: str, job: Job, worker_id: str) -> bool:
+    updated = (
+        Job.objects.get_queryset()
+        .using(using)
+        .held(job)
+        .filter(reserved_at__isnull=True)
+        .update(**_reserve_changes(job.db_now, worker_id))
+    )
+    if updated:
+        _mark_reserved([job], job.db_now, worker_id)
+    return bool(updated)
+
+
+@cached_sql
+def claim_sql(connection: Any) -> str:
+    """The one-statement claim for PostgreSQL (parameters: ``claim_params``).
+
+    The candidates are read priority by priority: a recursive query walks the
+    distinct priorities of the queue's waiting rows from the top (one index
+    descent each), and for each reads rows ``available_at <= now`` in index
+    order, so rows delayed to later (many at a high priority, say) are never
+    read, where one ordered scan would step over all of them. The walk stops as
+    soon as ``LIMIT`` rows are found. Every identifier comes from the model's
+    meta, every value is a parameter.
+    """
+    table, pk, queue, priority, available_at, reserved_at, reserved_by, attempts, blocked, unique_key, until_start = (
+        sql_names(
+            connection,
+            *("id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts"),
+            *("blocked", "unique_key", "unique_until_start"),
+        )
+    )
+    paused_table, paused_queue = _paused_names(connection)
+    returning = ", ".join(sql_names(connection, *(field.name for field in Job._meta.concrete_fields))[1:])
+    waiting = f"{reserved_at} IS NULL AND NOT {blocked}"
+    return (
+        f"UPDATE {table} SET {attempts} = {attempts} + 1, {reserved_at} = STATEMENT_TIMESTAMP(), "
+        f"{reserved_by} = %s, {unique_key} = CASE WHEN {until_start} THEN NULL ELSE {unique_key} END "
+        f"WHERE {pk} IN ("
+        "WITH RECURSIVE levels (level) AS ("
+        f"(SELECT {priority} FROM {table} WHERE {queue} = %s AND {waiting} "
+        f"AND NOT EXISTS (SELECT 1 FROM {paused_table} WHERE {paused_queue} = %s) "
+        f"ORDER BY {priority} DESC LIMIT 1) "
+        f"UNION ALL SELECT (SELECT {priority} FROM {table} WHERE {queue} = %s AND {waiting} "
+        f"AND {priority} < levels.level ORDER BY {priority} DESC LIMIT 1) FROM levels WHERE levels.level IS NOT NULL) "
+        f"SELECT rows.{pk} FROM levels CROSS JOIN LATERAL (SELECT {pk} FROM {table} "
+        f"WHERE {queue} = %s AND {priority} = levels.level AND {waiting} "
+        f"AND {available_at} <= STATEMENT_TIMESTAMP() "
+        f"ORDER BY {available_at}, {pk} LIMIT %s FOR UPDATE SKIP LOCKED) AS rows "
+        "WHERE levels.level IS NOT NULL LIMIT %s) "
+        f"RETURNING {returning}"
+    )
+
+
+def _paused_names(connection: Any) -> tuple[str, str]:
+    qn = connection.ops.quote_name
+    return str(qn(PausedQueue._meta.db_table)), str(qn(PausedQueue._meta.get_field("queue").column))
+
+
+# -- the flow claim --------------------------------------------------------
+
+
+def _claim_flow(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim up to ``limit`` jobs of ``queue`` within its concurrency and rate limits."""
+    with transaction.atomic(using=using):
+        queue_rate = rates.queue_rate(queue)
+        if queue_rate is not None:
+            bucket = rates.Bucket.lock(using, rates.queue_bucket(queue), queue_rate)
+            limit = min(limit, bucket.available)
+            if limit < 1:
+                _hint(bucket.wait())
+                return []
+        claimed: list[Job] = []
+        for _ in range(FLOW_ROUNDS):
+            taken, held_back = _flow_round(using, queue, limit - len(claimed), worker_id)
+            claimed += taken
+            if len(claimed) >= limit or not held_back:
+                break
+        if queue_rate is not None:
+            bucket.spend(len(claimed))
+    return claimed
+
+
+def _flow_round(using: str, queue: str, limit: int, worker_id: str) -> tuple[list[Job], int]:
+    """Read candidates once; reserve what the limits admit, block or delay what
+    they do not; return the jobs reserved and how many were held back."""
+    candidates = _candidates(using, queue, limit + FLOW_LOOKAHEAD)
+    if claims_with_skip_locked(using):
+        candidates = candidates.select_for_update(skip_locked=True)
+    rows = list(candidates)
+    if not rows:
+        return [], 0
+    slots = concurrency.Slots.lock(using, [row for row in rows if row.concurrency_key])
+    buckets = rates.Buckets.lock(using, [row for row in rows if row.rate_key])
+    admitted: list[Job] = []
+    saturated: set[str] = set()
+    held: list[Job] = []
+    for row in rows:
+        if len(admitted) == limit:
+            break
+        if row.concurrency_key and not slots.free(row):
+            saturated.add(row.concurrency_key)
+            continue
+        if row.rate_key and not buckets.take(row):
+            held.append(row)
+            continue
+        if row.concurrency_key:
+            slots.take(row)
+        admitted.append(row)
+    buckets.save()
+    concurrency.block(using, saturated)
+    rates.hold(using, held, buckets)
+    _hint(buckets.wait())
+    if admitted:
+        if claims_with_skip_locked(using):
+            _reserve(using, admitted, worker_id)
+        else:
+            admitted = [job for job in admitted if _reserve_one(using, job, worker_id)]
+    return admitted, len(saturated) + len(held)
+
+
+def _hint(seconds: float | None) -> None:
+    if seconds is None:
+        return
+    current = getattr(_hints, "seconds", None)
+    _hints.seconds = seconds if current is None else min(current, seconds)
