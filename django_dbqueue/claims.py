@@ -298,15 +298,16 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str) -> tuple[lis
         if row.concurrency_key:
             slots.take(row)
         admitted.append(row)
-    buckets.save()
-    concurrency.block(using, saturated)
-    rates.hold(using, held, buckets)
-    _hint(buckets.wait())
     if admitted:
         if claims_with_skip_locked(using):
             _reserve(using, admitted, worker_id)
         else:
             admitted = [job for job in admitted if _reserve_one(using, job, worker_id)]
+    # After the reservations: blocking takes the key's rows still waiting.
+    buckets.save()
+    concurrency.block(using, saturated)
+    rates.hold(using, held, buckets)
+    _hint(buckets.wait())
     return admitted, len(saturated) + len(held)
 
 

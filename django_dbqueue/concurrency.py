@@ -69,6 +69,11 @@ def step_values(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwar
     }
 
 
+def limit_key(key: str) -> str:
+    """The key of ``key``'s FlowLimit row."""
+    return validation.shorten_key(PREFIX + key)
+
+
 class Slots:
     """The running count of each key of some candidate rows, read under the keys' locks."""
 
@@ -82,7 +87,7 @@ class Slots:
         keys = sorted({row.concurrency_key for row in rows if row.concurrency_key})
         if not keys:
             return cls({})
-        FlowLimit.objects.db_manager(using).lock([PREFIX + key for key in keys])
+        FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in keys])
         return cls(_running(using, keys))
 
     def free(self, row: Job) -> bool:
@@ -141,7 +146,7 @@ def unblock(using: str, keys: Iterable[str]) -> int:
     if not keys:
         return 0
     with transaction.atomic(using=using):
-        FlowLimit.objects.db_manager(using).lock([PREFIX + key for key in keys])
+        FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in keys])
         running = _running(using, keys)
         unblocked = 0
         for key in keys:

@@ -1023,7 +1023,7 @@ class FlowLimit(models.Model):
     workers and hosts; claims of other keys do not wait.
     """
 
-    key = models.CharField(max_length=300, unique=True)
+    key = models.CharField(max_length=255, unique=True)
     tokens = models.FloatField(default=0)
     updated_at = models.DateTimeField(null=True, blank=True)
 

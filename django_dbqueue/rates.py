@@ -142,8 +142,13 @@ def queue_setting(value: Any) -> Rate:
     return parse(value)
 
 
+def bucket_key(rate_key: str) -> str:
+    """The key of a job rate key's FlowLimit row."""
+    return validation.shorten_key(JOB_PREFIX + rate_key)
+
+
 def queue_bucket(queue: str) -> str:
-    return QUEUE_PREFIX + queue
+    return validation.shorten_key(QUEUE_PREFIX + queue)
 
 
 class Bucket:
@@ -200,8 +205,8 @@ class Buckets:
             return cls({})
         from .models import FlowLimit
 
-        locked = FlowLimit.objects.db_manager(using).lock([JOB_PREFIX + key for key in rates])
-        return cls({key: Bucket(locked[JOB_PREFIX + key], Rate.from_text(text)) for key, text in rates.items()})
+        locked = FlowLimit.objects.db_manager(using).lock([bucket_key(key) for key in rates])
+        return cls({key: Bucket(locked[bucket_key(key)], Rate.from_text(text)) for key, text in rates.items()})
 
     def take(self, row: Job) -> bool:
         bucket = self.buckets.get(row.rate_key or "")

@@ -54,7 +54,7 @@ class Migration(migrations.Migration):
             name="FlowLimit",
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("key", models.CharField(max_length=300, unique=True)),
+                ("key", models.CharField(max_length=255, unique=True)),
                 ("tokens", models.FloatField(default=0)),
                 ("updated_at", models.DateTimeField(blank=True, null=True)),
             ],
