@@ -30,3 +30,8 @@ if os.environ.get("BENCH_SCHEDULES"):
     # Every minute, the busiest a cron schedule ticks: BENCH_SCHEDULES ticks a minute in all.
     for n in range(int(os.environ["BENCH_SCHEDULES"])):
         periodic(scheduled, "* * * * *", args=[n], name=f"bench-{n}")
+
+
+@job(name="bench.keyed", concurrency_key=lambda i, key: f"k{key}", concurrency_limit=1)
+def keyed(i: int, key: int) -> None:
+    """A no-op job with a concurrency key (bench/flow.py): at most one per key runs at once."""
