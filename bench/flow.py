@@ -93,7 +93,8 @@ def _insert(cursor: psycopg.Cursor, count: int, priority: int, *, delay: str = "
         "concurrency_limit) "
         "SELECT 'default', 'bench.noop', '{\"v\":1,\"args\":[0],\"kwargs\":{}}', %s, 0, 0, 0, 0, 60, "
         f"now() + interval '{delay} seconds', now(), '', false, false, "
-        "CASE WHEN %s::text IS NULL THEN NULL ELSE %s || (n %% 100) END, CASE WHEN %s::text IS NULL THEN NULL ELSE 1 END "
+        "CASE WHEN %s::text IS NULL THEN NULL ELSE %s || (n %% 100) END, "
+        "CASE WHEN %s::text IS NULL THEN NULL ELSE 1 END "
         "FROM generate_series(1, %s) AS n",
         [priority, key, key, key, count],
     )
@@ -172,7 +173,7 @@ def delayed(claims_count: int = 400) -> None:
     variants = {"before (one ordered scan)": (BEFORE, ["w", "default", 1]), "now (priority by priority)": None}
     results: dict[str, list[float]] = {name: [] for name in variants}
     with connection.cursor() as cursor:
-        for i in range(claims_count):
+        for _ in range(claims_count):
             for name, statement in variants.items():
                 sql, params = statement or (now_sql, claims.claim_params("w", "default", 1))
                 started = time.perf_counter()
@@ -181,7 +182,8 @@ def delayed(claims_count: int = 400) -> None:
                 results[name].append(time.perf_counter() - started)
     for name, times in results.items():
         print(
-            f"(d) 100,000 delayed jobs (priority 10) in front of 1,000 waiting (priority 0), {name}: {percentiles(times)}"
+            f"(d) 100,000 delayed jobs (priority 10) in front of 1,000 waiting (priority 0), {name}: "
+            f"{percentiles(times)}"
         )
     print("    EXPLAIN ANALYZE, before:\n" + _explain(BEFORE, ["w", "default", 1]))
     print("    EXPLAIN ANALYZE, now:\n" + _explain(now_sql, claims.claim_params("w", "default", 1)))
