@@ -141,10 +141,11 @@ def saturated(claims_count: int = 300) -> None:
         f"(c) 100,000 jobs of 100 saturated keys (priority 10) in front of 1,000 without keys: first claim "
         f"{times[0] * 1000:.0f} ms (it blocks {blocked:,} rows); then {percentiles(times[1:])}"
     )
-    queryset = claims._candidates(connection.alias, "default", 1 + claims.FLOW_LOOKAHEAD).select_for_update(
-        skip_locked=True
-    )
-    sql, params = queryset.query.sql_with_params()
+    from django.db import transaction
+
+    with transaction.atomic():
+        queryset = claims._candidates(connection.alias, "default", 1 + claims.FLOW_LOOKAHEAD)
+        sql, params = queryset.select_for_update(skip_locked=True).query.sql_with_params()
     print("    EXPLAIN ANALYZE of the flow claim's candidate query:\n" + _explain(sql, list(params)))
 
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Case, Exists, F, OuterRef, Value, When
+from django.db.models import Case, Exists, F, Value, When
 
 from . import concurrency, rates
 from .db import DbNow, bound_cursor, cached_sql, claims_with_skip_locked
@@ -46,8 +46,10 @@ _DB_NOW = {"db_now": DbNow()}
 
 # Candidate rows a flow claim reads beyond its limit, for the ones a limit holds back.
 FLOW_LOOKAHEAD = 16
-# Reads of candidates per flow claim; each round blocks or delays what it could not take.
-FLOW_ROUNDS = 4
+# Reads of candidates per flow claim at most; each round blocks or delays what it
+# could not take, so the next round reads other rows. A claim that runs out of
+# rounds while still holding rows back asks its worker to claim again at once.
+FLOW_ROUNDS = 32
 
 # Queues whose claims take the flow path (see the module's docstring).
 _flow_queues: set[str] = set()
@@ -134,7 +136,9 @@ def _waiting(using: str, queue: str) -> JobQuerySet:
         Job.objects.get_queryset()
         .using(using)
         .filter(queue=queue, reserved_at__isnull=True, blocked=False, available_at__lte=DbNow())
-        .filter(~Exists(PausedQueue.objects.using(using).filter(queue=OuterRef("queue"))))
+        # Not correlated with the row: a one-time test, not a join the planner may
+        # prefer to run over the whole table.
+        .filter(~Exists(PausedQueue.objects.using(using).filter(queue=queue)))
     )
 
 
@@ -267,6 +271,8 @@ def _claim_flow(using: str, queue: str, limit: int, worker_id: str) -> list[Job]
             claimed += taken
             if len(claimed) >= limit or not held_back:
                 break
+        else:
+            _hint(0.0)
         if queue_rate is not None:
             bucket.spend(len(claimed))
     return claimed
