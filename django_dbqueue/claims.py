@@ -36,7 +36,7 @@ from django.db.models import Case, Exists, F, Value, When
 
 from . import concurrency, rates
 from .db import DbNow, bound_cursor, cached_sql, claims_with_skip_locked
-from .models import Job, JobQuerySet, PausedQueue, sql_names
+from .models import FlowLimit, Job, JobQuerySet, PausedQueue, sql_names
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -258,6 +258,7 @@ def _paused_names(connection: Any) -> tuple[str, str]:
 def _claim_flow(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
     """Claim up to ``limit`` jobs of ``queue`` within its concurrency and rate limits."""
     with transaction.atomic(using=using):
+        _write_first(using)
         queue_rate = rates.queue_rate(queue)
         if queue_rate is not None:
             bucket = rates.Bucket.lock(using, rates.queue_bucket(queue), queue_rate)
@@ -276,6 +277,17 @@ def _claim_flow(using: str, queue: str, limit: int, worker_id: str) -> list[Job]
         if queue_rate is not None:
             bucket.spend(len(claimed))
     return claimed
+
+
+def _write_first(using: str) -> None:
+    """On SQLite, make the transaction a writer before it reads (as ``BEGIN IMMEDIATE``
+    would): a transaction that read and then writes fails at once, rather than
+    waits, when another writer committed in between."""
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        table = connection.ops.quote_name(FlowLimit._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {table} SET tokens = tokens WHERE 1 = 0")
 
 
 def _flow_round(using: str, queue: str, limit: int, worker_id: str) -> tuple[list[Job], int]:

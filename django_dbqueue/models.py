@@ -44,12 +44,16 @@ RECLAIMED_ERROR = (
 
 class JobQuerySet(models.QuerySet["Job"]):
     def waiting(self) -> JobQuerySet:
-        """Jobs a worker may reserve now."""
-        return self.filter(reserved_at__isnull=True, available_at__lte=DbNow())
+        """Jobs a worker may reserve now (unless their queue is paused)."""
+        return self.filter(reserved_at__isnull=True, blocked=False, available_at__lte=DbNow())
+
+    def blocked(self) -> JobQuerySet:
+        """Jobs waiting for a free slot of their concurrency key."""
+        return self.filter(reserved_at__isnull=True, blocked=True)
 
     def delayed(self) -> JobQuerySet:
-        """Jobs that become available later (a delay or a backoff)."""
-        return self.filter(reserved_at__isnull=True, available_at__gt=DbNow())
+        """Jobs that become available later (a delay, a backoff, a rate limit)."""
+        return self.filter(reserved_at__isnull=True, blocked=False, available_at__gt=DbNow())
 
     def reserved(self) -> JobQuerySet:
         """Jobs a worker holds."""
@@ -80,6 +84,9 @@ class JobManager(models.Manager["Job"]):
 
     def delayed(self) -> JobQuerySet:
         return self.get_queryset().delayed()
+
+    def blocked(self) -> JobQuerySet:
+        return self.get_queryset().blocked()
 
     def reserved(self) -> JobQuerySet:
         return self.get_queryset().reserved()
