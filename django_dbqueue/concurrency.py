@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, F, Window
+from django.db.models.functions import RowNumber
 
 from . import validation
 from .db import DbNow, claims_with_skip_locked
@@ -148,17 +149,22 @@ def unblock(using: str, keys: Iterable[str]) -> int:
     with transaction.atomic(using=using):
         FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in keys])
         running = _running(using, keys)
-        unblocked = 0
-        for key in keys:
-            blocked = Job.objects.using(using).filter(concurrency_key=key, blocked=True)
-            limit = blocked.order_by().values_list("concurrency_limit", flat=True).first()
-            if limit is None and not blocked.exists():
-                continue
-            free = (limit or 1) - running.get(key, 0)
-            if free < 1:
-                continue
-            ids = list(blocked.order_by("-priority", "available_at", "id").values_list("pk", flat=True)[:free])
-            unblocked += Job.objects.using(using).filter(pk__in=ids, blocked=True).update(blocked=False)
+        blocked = Job.objects.using(using).filter(concurrency_key__in=keys, blocked=True)
+        limits = dict(blocked.order_by().values_list("concurrency_key", "concurrency_limit").distinct())
+        free = {key: (limit or 1) - running.get(key, 0) for key, limit in limits.items() if key}
+        free = {key: count for key, count in free.items() if count > 0}
+        if not free:
+            return 0
+        # The first rows of each key with room, in claim order: ranked per key.
+        order = [F("priority").desc(), F("available_at").asc(), F("id").asc()]
+        ranked = (
+            blocked.filter(concurrency_key__in=list(free))
+            .annotate(rank=Window(RowNumber(), partition_by=F("concurrency_key"), order_by=order))
+            .filter(rank__lte=max(free.values()))
+            .values_list("pk", "concurrency_key", "rank")
+        )
+        ids = [pk for pk, key, rank in ranked if key and rank <= free[key]]
+        unblocked = Job.objects.using(using).filter(pk__in=ids, blocked=True).update(blocked=False)
     return unblocked
 
 
