@@ -52,6 +52,7 @@ class StateFilter(admin.SimpleListFilter):
         return [
             ("waiting", "waiting"),
             ("delayed", "delayed"),
+            ("blocked", "blocked (concurrency limit)"),
             ("reserved", "reserved"),
             ("expired", "reservation expired"),
         ]
@@ -59,9 +60,11 @@ class StateFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         value = self.value()
         if value == "waiting":
-            return queryset.filter(reserved_at__isnull=True, available_at__lte=DbNow())
+            return queryset.filter(reserved_at__isnull=True, blocked=False, available_at__lte=DbNow())
         if value == "delayed":
-            return queryset.filter(reserved_at__isnull=True, available_at__gt=DbNow())
+            return queryset.filter(reserved_at__isnull=True, blocked=False, available_at__gt=DbNow())
+        if value == "blocked":
+            return queryset.filter(reserved_at__isnull=True, blocked=True)
         if value in ("reserved", "expired"):
             expired = [job.pk for job in Job.objects.expired()]
             if value == "expired":
@@ -135,7 +138,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "reserved_by",
     ]
     list_filter = [StateFilter, "queue"]
-    search_fields = ["name", "queue", "=id"]
+    search_fields = ["name", "queue", "=id", "=unique_key", "=concurrency_key"]
     changelist_defer = ["payload"]
     readonly_fields = [
         "id",
@@ -150,6 +153,13 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
         "reserved_at",
         "reserved_by",
         "created_at",
+        "unique_key",
+        "unique_until_start",
+        "concurrency_key",
+        "concurrency_limit",
+        "blocked",
+        "rate_key",
+        "rate_limit",
         "pretty_payload",
     ]
     exclude = ["payload"]

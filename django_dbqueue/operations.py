@@ -31,7 +31,9 @@ WORKER_MAX_AGE = 60
 
 
 def job_state(job: Job, now: datetime | None) -> str:
-    """One word for where a job is: waiting, delayed, reserved or reservation expired."""
+    """One word for where a job is: waiting, delayed, blocked, reserved or reservation expired."""
+    if job.reserved_at is None and job.blocked:
+        return "blocked"
     if job.reserved_at is not None:
         if now is not None and job.reserved_at + timedelta(seconds=job.retry_after) <= now:
             return "reservation expired"
@@ -51,11 +53,13 @@ class QueueStats:
     oldest_waiting_seconds: float | None = None
     # When the queue was paused (see pauses.py); None: it is not paused.
     paused_at: datetime | None = None
+    # Waiting for a free slot of their concurrency key (see concurrency.py).
+    blocked: int = 0
 
     @property
     def size(self) -> int:
-        """Jobs not yet done: waiting, delayed and reserved."""
-        return self.waiting + self.delayed + self.reserved
+        """Jobs not yet done: waiting, delayed, blocked and reserved."""
+        return self.waiting + self.delayed + self.blocked + self.reserved
 
     @property
     def paused(self) -> bool:
@@ -72,14 +76,15 @@ def queue_overview() -> list[QueueStats]:
     on ``read_alias()``; a paused queue without jobs is listed too."""
     using = read_alias()
     now = DbNow()
-    waiting = Q(reserved_at__isnull=True, available_at__lte=now)
+    waiting = Q(reserved_at__isnull=True, blocked=False, available_at__lte=now)
     rows = (
         Job.objects.using(using)
         .order_by()
         .values("queue")
         .annotate(
             waiting=Count("id", filter=waiting),
-            delayed=Count("id", filter=Q(reserved_at__isnull=True, available_at__gt=now)),
+            delayed=Count("id", filter=Q(reserved_at__isnull=True, blocked=False, available_at__gt=now)),
+            held=Count("id", filter=Q(reserved_at__isnull=True, blocked=True)),
             reserved=Count("id", filter=Q(reserved_at__isnull=False)),
             oldest=Min("available_at", filter=waiting),
             clock=Min(now),
@@ -93,7 +98,13 @@ def queue_overview() -> list[QueueStats]:
         oldest = row["oldest"]
         age = max((row["clock"] - oldest).total_seconds(), 0.0) if oldest is not None else None
         stats[row["queue"]] = QueueStats(
-            row["queue"], row["waiting"], row["delayed"], row["reserved"], failed.get(row["queue"], 0), age
+            row["queue"],
+            row["waiting"],
+            row["delayed"],
+            row["reserved"],
+            failed.get(row["queue"], 0),
+            age,
+            blocked=row["held"],
         )
     for queue, count in failed.items():
         stats.setdefault(queue, QueueStats(queue, failed=count))

@@ -450,9 +450,9 @@ def test_monitor_shows_each_queue_sizes_and_the_age_of_its_oldest_waiting_job():
     jobs.record.using(delay=3600).enqueue("delayed")
     fail(jobs.record, "failed", queue="emails")
     lines = run("queue_monitor").splitlines()
-    assert lines[0].split() == ["queue", "waiting", "delayed", "reserved", "failed", "oldest", "waiting"]
-    assert lines[1].split() == ["default", "1", "1", "1", "0", "2h"]
-    assert lines[2].split() == ["emails", "0", "0", "0", "1", "-"]
+    assert lines[0].split() == ["queue", "waiting", "delayed", "blocked", "reserved", "failed", "oldest", "waiting"]
+    assert lines[1].split() == ["default", "1", "1", "0", "1", "0", "2h"]
+    assert lines[2].split() == ["emails", "0", "0", "0", "0", "1", "-"]
     assert len(lines) == 3
 
 

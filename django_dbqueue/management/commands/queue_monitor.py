@@ -40,19 +40,20 @@ class Command(BaseCommand):
         if not stats:
             self.stdout.write(self.style.SUCCESS("No jobs."))
             return
-        headers = ["queue", "waiting", "delayed", "reserved", "failed", "oldest waiting"]
+        headers = ["queue", "waiting", "delayed", "blocked", "reserved", "failed", "oldest waiting"]
         rows = [
             [
                 item.queue,
                 str(item.waiting),
                 str(item.delayed),
+                str(item.blocked),
                 str(item.reserved),
                 str(item.failed),
                 output.age(item.oldest_waiting_seconds),
             ]
             for item in stats
         ]
-        for line in output.table(headers, rows, shrink=(0,), right=(1, 2, 3, 4)):
+        for line in output.table(headers, rows, shrink=(0,), right=(1, 2, 3, 4, 5)):
             self.stdout.write(line)
         for item in stats:
             if item.paused:
