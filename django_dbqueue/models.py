@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
@@ -492,9 +492,44 @@ class JobManager(models.Manager["Job"]):
         from .bulk import analyze_if_large
 
         queryset = self.get_queryset()
-        rows = queryset.bulk_create(list(jobs), batch_size=batch_size)
+        rows = list(jobs)
+        if any(row.unique_key for row in rows):
+            return [row for row in self.insert_each(rows) if row is not None]
+        rows = queryset.bulk_create(rows, batch_size=batch_size)
         analyze_if_large(queryset.db, len(rows))
         return rows
+
+    def insert_each(self, rows: Sequence[Job]) -> list[Job | None]:
+        """Insert ``rows`` one by one in one transaction; a row whose unique key
+        another job holds is left out (None in its place) and logged.
+
+        For rows built from stored steps (a chain's next step, a callback, a
+        retry from FailedJob): a duplicate there is dropped, as a duplicate
+        enqueue is, and never fails the transaction that carries it. Each row
+        with a unique key is inserted under a savepoint, so the unique index's
+        refusal undoes that row alone.
+        """
+        using = self.get_queryset().db
+        inserted: list[Job | None] = []
+        with transaction.atomic(using=using):
+            for row in rows:
+                if not row.unique_key:
+                    row.save(force_insert=True, using=using)
+                    inserted.append(row)
+                    continue
+                try:
+                    with transaction.atomic(using=using):
+                        row.save(force_insert=True, using=using)
+                except IntegrityError:
+                    holder = self.get_queryset().filter(unique_key=row.unique_key).values_list("pk", flat=True).first()
+                    if holder is None:
+                        raise
+                    logger.info("job=%s not enqueued: job %s holds its unique key %r", row.name, holder, row.unique_key)
+                    row.pk = None
+                    inserted.append(None)
+                    continue
+                inserted.append(row)
+        return inserted
 
 
 def _held_by_reservation(jobs: Iterable[Job]) -> Q:
@@ -776,7 +811,12 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
                 for row in failed
             ]
             failed, rows = _without_taken_keys(failed, rows)
-            jobs = Job.objects.bulk_enqueue(rows)
+            if any(row.unique_key for row in rows):
+                # A key taken since the check above: that failed job stays failed.
+                kept = [(old, new) for old, new in zip(failed, Job.objects.insert_each(rows), strict=True) if new]
+                failed, jobs = [old for old, _ in kept], [new for _, new in kept if new is not None]
+            else:
+                jobs = Job.objects.bulk_enqueue(rows)
             FailedJob.objects.using(self.db).filter(pk__in=[row.pk for row in failed]).delete()
             # A handle of the failed id follows the job to its new run.
             _retry_pointers([(row.job_id, job) for row, job in zip(failed, jobs, strict=True)])
