@@ -1,5 +1,6 @@
 """Test settings; the database comes from DBQUEUE_TEST_DB: sqlite (default), postgres or mysql."""
 
+import json
 import os
 import tempfile
 from typing import Any
@@ -112,6 +113,9 @@ DBQUEUE = {
     "LISTEN": os.environ.get("DBQUEUE_TEST_LISTEN", "1") == "1",
     "LISTEN_DATABASE": "direct" if "direct" in DATABASES else None,
 }
+if os.environ.get("DBQUEUE_TEST_RATE_LIMITS"):
+    # Worker processes of the rate limit tests: DBQUEUE["RATE_LIMITS"], as JSON.
+    DBQUEUE["RATE_LIMITS"] = json.loads(os.environ["DBQUEUE_TEST_RATE_LIMITS"])
 
 if django.VERSION >= (6, 0):
     TASKS = {

@@ -17,6 +17,9 @@ class TestAppConfig(AppConfig):
         if os.environ.get("DBQUEUE_TEST_SCHEDULES"):
             # Worker processes of the schedule tests: the schedules they tick.
             from . import periodic  # noqa: F401
+        if os.environ.get("DBQUEUE_TEST_LIMITS"):
+            # Worker processes of the limit tests: the jobs with concurrency keys and rate limits.
+            from . import limit_jobs  # noqa: F401
 
 
 def _record_success(sender: object, job: object, worker_id: str = "", **kwargs: object) -> None:
