@@ -267,13 +267,16 @@ def _claim_flow(using: str, queue: str, limit: int, worker_id: str) -> list[Job]
                 _hint(bucket.wait())
                 return []
         claimed: list[Job] = []
+        buckets = rates.Buckets(using)
         for _ in range(FLOW_ROUNDS):
-            taken, held_back = _flow_round(using, queue, limit - len(claimed), worker_id)
+            taken, held_back = _flow_round(using, queue, limit - len(claimed), worker_id, buckets)
             claimed += taken
             if len(claimed) >= limit or not held_back:
                 break
         else:
             _hint(0.0)
+        buckets.save()
+        _hint(buckets.wait())
         if queue_rate is not None:
             bucket.spend(len(claimed))
     return claimed
@@ -290,7 +293,7 @@ def _write_first(using: str) -> None:
             cursor.execute(f"UPDATE {table} SET tokens = tokens WHERE 1 = 0")
 
 
-def _flow_round(using: str, queue: str, limit: int, worker_id: str) -> tuple[list[Job], int]:
+def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rates.Buckets) -> tuple[list[Job], int]:
     """Read candidates once; reserve what the limits admit, block or delay what
     they do not; return the jobs reserved and how many were held back."""
     candidates = _candidates(using, queue, limit + FLOW_LOOKAHEAD)
@@ -300,7 +303,7 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str) -> tuple[lis
     if not rows:
         return [], 0
     slots = concurrency.Slots.lock(using, [row for row in rows if row.concurrency_key])
-    buckets = rates.Buckets.lock(using, [row for row in rows if row.rate_key])
+    buckets.lock(rows)
     admitted: list[Job] = []
     saturated: set[str] = set()
     held: list[Job] = []
@@ -322,10 +325,8 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str) -> tuple[lis
         else:
             admitted = [job for job in admitted if _reserve_one(using, job, worker_id)]
     # After the reservations: blocking takes the key's rows still waiting.
-    buckets.save()
     concurrency.block(using, saturated)
-    rates.hold(using, held, buckets)
-    _hint(buckets.wait())
+    buckets.hold(held)
     return admitted, len(saturated) + len(held)
 
 

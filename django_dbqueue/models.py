@@ -1073,6 +1073,10 @@ class FlowLimit(models.Model):
     key = models.CharField(max_length=255, unique=True)
     tokens = models.FloatField(default=0)
     updated_at = models.DateTimeField(null=True, blank=True)
+    # A rate bucket: the time after the last job held back for it is due (the next
+    # one held back is due then), so jobs held back by successive claims are spaced
+    # at the bucket's rate rather than all due at once.
+    held_until = models.DateTimeField(null=True, blank=True)
 
     objects = FlowLimitManager()
 

@@ -27,6 +27,8 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import Case, F, Value, When
+
 from . import conf, validation
 
 if TYPE_CHECKING:
@@ -157,15 +159,19 @@ class Bucket:
     def __init__(self, row: FlowLimit, rate: Rate) -> None:
         self.row = row
         self.rate = rate
-        now: datetime = row.db_now
+        # The clock read by the locking statement, taken when it started: a claim
+        # that waited for the lock behind a longer one may read an earlier time
+        # than the one stored. The bucket's time never goes back, or the wait
+        # would be earned twice.
+        now: datetime = row.db_now if row.updated_at is None else max(row.db_now, row.updated_at)
         if row.updated_at is None:
             row.tokens = float(rate.burst)
         else:
-            earned = max((now - row.updated_at).total_seconds(), 0.0) * rate.per_second
+            earned = (now - row.updated_at).total_seconds() * rate.per_second
             row.tokens = min(float(rate.burst), row.tokens + earned)
         row.updated_at = now
         self.now = now
-        self.held = 0
+        self.held = False
 
     @classmethod
     def lock(cls, using: str, key: str, rate: Rate) -> Bucket:
@@ -179,34 +185,47 @@ class Bucket:
 
     def spend(self, count: int) -> None:
         self.row.tokens -= count
-        self.row.save(update_fields=["tokens", "updated_at"])
+        self.save()
+
+    def save(self) -> None:
+        self.row.save(update_fields=["tokens", "updated_at", "held_until"])
 
     def wait(self) -> float:
         """Seconds until the bucket has a whole token again."""
         return max(0.0, (1 - self.row.tokens) / self.rate.per_second)
 
     def hold(self) -> datetime:
-        """When the next job held back by this bucket may start: spaced at the bucket's rate."""
-        self.held += 1
-        return self.now + timedelta(seconds=(self.held - self.row.tokens) / self.rate.per_second)
+        """When the next job held back by this bucket may start: when the bucket has a
+        token for it, after the jobs held back before it (by any claim), at the bucket's rate."""
+        self.held = True
+        first = self.now + timedelta(seconds=self.wait())
+        held_until = self.row.held_until
+        at = first if held_until is None or held_until < first else held_until
+        self.row.held_until = at + timedelta(seconds=1 / self.rate.per_second)
+        return at
 
 
 class Buckets:
-    """The buckets of some candidate rows (their ``rate_key``), locked in key order."""
+    """The buckets of a claim's candidate rows (their ``rate_key``), each locked once, in key order."""
 
-    def __init__(self, buckets: dict[str, Bucket]) -> None:
-        self.buckets = buckets
-        self.waits: list[float] = []
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.buckets: dict[str, Bucket] = {}
 
-    @classmethod
-    def lock(cls, using: str, rows: Sequence[Job]) -> Buckets:
-        rates = {row.rate_key: row.rate_limit for row in rows if row.rate_key and row.rate_limit}
+    def lock(self, rows: Sequence[Job]) -> None:
+        """Lock the buckets of ``rows`` that this claim has not locked yet."""
+        rates = {
+            row.rate_key: row.rate_limit
+            for row in rows
+            if row.rate_key and row.rate_limit and row.rate_key not in self.buckets
+        }
         if not rates:
-            return cls({})
+            return
         from .models import FlowLimit
 
-        locked = FlowLimit.objects.db_manager(using).lock([bucket_key(key) for key in rates])
-        return cls({key: Bucket(locked[bucket_key(key)], Rate.from_text(text)) for key, text in rates.items()})
+        locked = FlowLimit.objects.db_manager(self.using).lock([bucket_key(key) for key in rates])
+        for key, text in rates.items():
+            self.buckets[key] = Bucket(locked[bucket_key(key)], Rate.from_text(text))
 
     def take(self, row: Job) -> bool:
         bucket = self.buckets.get(row.rate_key or "")
@@ -219,24 +238,24 @@ class Buckets:
 
     def save(self) -> None:
         for bucket in self.buckets.values():
-            bucket.row.save(update_fields=["tokens", "updated_at"])
-
-    def hold_until(self, row: Job) -> datetime:
-        bucket = self.buckets[row.rate_key or ""]
-        return bucket.hold()
+            bucket.save()
 
     def wait(self) -> float | None:
+        """Seconds until the first bucket that held a job back has a token; None if none did."""
         waits = [bucket.wait() for bucket in self.buckets.values() if bucket.held]
         return min(waits) if waits else None
 
+    def hold(self, rows: Sequence[Job]) -> None:
+        """Move rows their bucket holds back to when it will have a token for each, in one
+        UPDATE (no try spent); the buckets are saved after."""
+        if not rows:
+            return
+        from .models import Job
 
-def hold(using: str, rows: Sequence[Job], buckets: Buckets) -> None:
-    """Move rows held back by their bucket to when it will have a token for each (no try spent)."""
-    from .models import Job
-
-    for row in rows:
-        row.available_at = buckets.hold_until(row)
-        Job.objects.using(using).filter(pk=row.pk, reserved_at__isnull=True).update(available_at=row.available_at)
+        times = {row.pk: self.buckets[row.rate_key or ""].hold() for row in rows}
+        Job.objects.using(self.using).filter(pk__in=list(times), reserved_at__isnull=True).update(
+            available_at=Case(*(When(pk=pk, then=Value(at)) for pk, at in times.items()), default=F("available_at"))
+        )
 
 
 def spent_ceiling(rate: Rate, seconds: float) -> int:

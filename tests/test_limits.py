@@ -26,7 +26,7 @@ from django.test import override_settings
 from django_dbqueue import enqueue_many, job, rates, registry
 from django_dbqueue.checks import check_settings
 from django_dbqueue.models import FailedJob, FlowLimit, Job
-from tests.conftest import WorkerProcess, vendor, wait_until
+from tests.conftest import WorkerProcess, wait_until
 from tests.testapp.models import Attempt, Run
 
 WORKER_ENV = {"DBQUEUE_TEST_LIMITS": "1"}
@@ -223,11 +223,7 @@ def assert_within_the_rate(times: list[float], rate: rates.Rate, seconds: float)
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.acceptance
 @pytest.mark.one_django
-def test_a_job_rate_limit_of_20_per_second_holds_over_4_workers_for_10_seconds(worker_process, limits, request):
-    if vendor() != "sqlite":
-        # Up to 15 starts in 0.25 s (the bound is 7); passes with the fix that
-        # test_a_bucket_never_moves_its_clock_back describes.
-        request.applymarker(pytest.mark.xfail(reason="a bucket's clock moves back (see below)", strict=False))
+def test_a_job_rate_limit_of_20_per_second_holds_over_4_workers_for_10_seconds(worker_process, limits):
     rate = rates.parse(limits.JOB_RATE)
     total = 230  # more than 10 s of starts
     workers = start_workers(worker_process, 4, limits.RATE_QUEUE)
@@ -264,7 +260,6 @@ def test_a_queue_rate_limit_from_the_settings_holds_over_4_workers(worker_proces
     assert not Job.objects.exists() and not FailedJob.objects.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="Bucket sets updated_at to a clock read before the lock was granted")
 def test_a_bucket_never_moves_its_clock_back():
     """A claim reads the database's clock as its lock statement starts (STATEMENT_TIMESTAMP,
     UTC_TIMESTAMP), before it waits for the bucket's row: behind a longer claim, that clock is

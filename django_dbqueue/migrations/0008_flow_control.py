@@ -57,6 +57,7 @@ class Migration(migrations.Migration):
                 ("key", models.CharField(max_length=255, unique=True)),
                 ("tokens", models.FloatField(default=0)),
                 ("updated_at", models.DateTimeField(blank=True, null=True)),
+                ("held_until", models.DateTimeField(blank=True, null=True)),
             ],
             options={
                 "verbose_name": "flow limit",
