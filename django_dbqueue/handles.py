@@ -20,6 +20,9 @@ a handle follows its job through retries.
 
 Failed and cancelled jobs are ``FailedJob`` rows (a cancelled one with the
 exception class ``JobCancelled``); retrying one from there makes it waiting again.
+
+An enqueue of a unique job whose key is held (docs/unique.md) stores nothing and
+returns the handle of the job that holds the key, with ``enqueued`` False.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import sync_to_async
 
@@ -62,6 +66,9 @@ class JobHandle:
     ``errors`` (one per failed attempt: ``attempt``, ``exception_class``,
     ``traceback``) and ``finished_at`` are filled when the job keeps its result.
     ``job`` is the row as enqueued (on the handle ``enqueue`` returns).
+    ``enqueued`` is False on the handle of an enqueue that stored nothing: a
+    unique job whose key (or ``unique_for`` window) another job holds; the
+    handle is that job's, and ``job`` is None.
     """
 
     id: int
@@ -73,6 +80,7 @@ class JobHandle:
     finished_at: Any = None
     job: Job | None = dataclasses.field(default=None, repr=False)
     _result: Any = dataclasses.field(default=None, repr=False)
+    enqueued: bool = True
 
     def __post_init__(self) -> None:
         if self.job_id is None:
@@ -110,6 +118,29 @@ class JobHandle:
         )
 
     @classmethod
+    def not_enqueued(cls, job_ids: Sequence[int | None]) -> list[JobHandle]:
+        """The handles duplicate enqueues return: of the jobs that hold their keys, with
+        ``enqueued`` False and the status each has now (one query for the jobs still
+        queued; the others are looked up as ``get`` does)."""
+        wanted = {pk for pk in job_ids if pk is not None}
+        rows = {
+            row["pk"]: row
+            for row in Job.objects.filter(pk__in=wanted)
+            .annotate(clock=DbNow())
+            .values("pk", "name", "queue", "reserved_at", "available_at", "clock")
+        }
+        handles = []
+        for pk in job_ids:
+            # None only for a window opened by enqueue_many on plain MySQL, which returns no ids.
+            handle = cls(id=cast(int, pk), enqueued=False)
+            if pk in rows:
+                handle._read_row(rows[pk])
+            elif pk is not None:
+                handle.refresh()
+            handles.append(handle)
+        return handles
+
+    @classmethod
     def get(cls, job_id: int) -> JobHandle:
         """Look up the job enqueued with ``job_id``, from any process."""
         handle = cls(id=int(job_id))
@@ -133,13 +164,7 @@ class JobHandle:
                 .first()
             )
             if row is not None:
-                self.name, self.queue = row["name"], row["queue"]
-                if row["reserved_at"] is not None:
-                    self.status = JobStatus.RUNNING
-                elif row["available_at"] > row["clock"]:
-                    self.status = JobStatus.DELAYED
-                else:
-                    self.status = JobStatus.WAITING
+                self._read_row(row)
                 return
             failed = (
                 FailedJob.objects.filter(job_id=current)
@@ -167,6 +192,16 @@ class JobHandle:
                 # The row is gone without failing: deleted when it succeeded.
                 self.status = JobStatus.SUCCEEDED
             return
+
+    def _read_row(self, row: Mapping[str, Any]) -> None:
+        """Take name, queue and status from the job's row (read with the database's clock)."""
+        self.name, self.queue = row["name"], row["queue"]
+        if row["reserved_at"] is not None:
+            self.status = JobStatus.RUNNING
+        elif row["available_at"] > row["clock"]:
+            self.status = JobStatus.DELAYED
+        else:
+            self.status = JobStatus.WAITING
 
     async def arefresh(self) -> None:
         await sync_to_async(self.refresh)()
