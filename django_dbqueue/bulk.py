@@ -6,6 +6,14 @@ available. On PostgreSQL a batch is one ``INSERT ... SELECT ... FROM unnest()``
 of one array per column, with the same SQL text for every batch and no
 expression compiled per row; the times come back with the ids. Other
 databases insert ``Job`` instances with ``Job.objects.bulk_enqueue``.
+
+A new job whose unique key (``Flow.unique_key``) another row holds is not
+inserted: it comes back as ``Held``, naming that row, and the caller's
+transaction goes on. The unique index decides (docs/unique.md): on PostgreSQL
+the batch's INSERT has ``ON CONFLICT ... DO NOTHING``; elsewhere the INSERT
+runs in a savepoint, and a conflict on that index (and only that one) is rolled
+back, its holders read, and the rest inserted again. Batches without unique
+keys are sent exactly as before.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
-from django.db import connections, models, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .db import DbNow, alias
@@ -68,6 +76,23 @@ class NewJob(NamedTuple):
         job._state.db = alias()
         return job
 
+    @property
+    def unique_key(self) -> str | None:
+        return self.flow.unique_key if self.flow else None
+
+
+class Held(NamedTuple):
+    """A new job that was not inserted: job ``job_id`` holds its unique key (or its
+    ``unique_for`` window). ``job_id`` is None only for a window opened by a bulk
+    insert on plain MySQL, which returns no ids."""
+
+    key: str
+    job_id: int | None
+
+
+# The name of the unique index on ``Job.unique_key`` (migration 0008).
+UNIQUE_INDEX = "dbqueue_job_unique"
+
 
 # The job table's columns, in the order of ``Job._meta.concrete_fields`` (the
 # order ``Job.from_db`` takes values in). The unnest INSERT writes these and is
@@ -98,7 +123,14 @@ _COLUMNS = (
     "rate_limit",
 )
 # The NewJob fields stored as they are (``delay`` becomes available_at, ``flow`` its columns).
-_PER_ROW = NewJob._fields[:-2]
+_PER_ROW = NewJob._fields[: NewJob._fields.index("delay")]
+
+# How the unnest INSERT meets a row that holds one of its unique keys: no
+# ON CONFLICT (no row of the batch has a key); DO NOTHING (the new row is left
+# out of RETURNING); or, once a holder vanished between the conflict and the
+# read of it, DO UPDATE ... WHERE false, which updates nothing but locks the
+# holder until the transaction ends, so the read that follows finds it.
+_PLAIN, _SKIP, _LOCK = "", "skip", "lock"
 
 
 # Each column travels as one PostgreSQL array literal, built here: joining
@@ -150,11 +182,13 @@ _ENCODERS: tuple[Callable[[Sequence[Any]], str], ...] = (
 )
 
 
-def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job]:
+def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job | Held]:
     """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows.
 
     Return the saved rows in the same order, with their ids and the times the
-    database gave them (where the backend returns ids: not on MySQL).
+    database gave them (where the backend returns ids: not on MySQL); a job
+    whose unique key is held, by an existing row or by an earlier job of
+    ``new_jobs``, comes back as ``Held``.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -162,9 +196,11 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job]:
         return []
     using = alias()
     connection = connections[using]
+    if any(new.unique_key for new in new_jobs):
+        return _insert_unique(connection, using, new_jobs, batch_size)
     if connection.vendor != "postgresql" or not _fits_table():
-        return _insert_instances(new_jobs, batch_size)
-    jobs: list[Job] = []
+        return list(_insert_instances(new_jobs, batch_size))
+    jobs: list[Job | Held] = []
     with transaction.atomic(using=using, savepoint=False), _pipeline(connection):
         # Send every batch, then read what each returned: in pipeline mode the
         # server inserts one batch while this process encodes the next.
@@ -184,8 +220,8 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job]:
     return jobs
 
 
-def insert_one(new: NewJob) -> Job:
-    """Insert one new job and return it saved, with its id and times.
+def insert_one(new: NewJob) -> Job | Held:
+    """Insert one new job and return it saved, with its id and times (or ``Held``).
 
     On PostgreSQL the batch statement with one row: one round trip, and no
     transaction of its own (one statement is atomic), so ``enqueue`` inside
@@ -194,32 +230,286 @@ def insert_one(new: NewJob) -> Job:
     """
     using = alias()
     connection = connections[using]
+    if new.unique_key:
+        return _insert_unique(connection, using, [new], 1)[0]
     if connection.vendor != "postgresql" or not _fits_table():
-        from .registry import _load_database_times
-
-        job = new.to_job()
-        job.save(force_insert=True, using=using)
-        _load_database_times([job])
-        return job
+        return _save_one(new, using)
     with connection.cursor() as cursor:
         cursor.execute(*_statement(connection, [new]))
         row = cursor.fetchone()
     return _saved(using, new, *row)
 
 
-def _statement(connection: BaseDatabaseWrapper, batch: Sequence[NewJob]) -> tuple[str, list[str]]:
+def _save_one(new: NewJob, using: str) -> Job:
+    from .registry import _load_database_times
+
+    job = new.to_job()
+    job.save(force_insert=True, using=using)
+    _load_database_times([job])
+    return job
+
+
+# -- unique keys -------------------------------------------------------------
+
+
+def _insert_unique(
+    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int
+) -> list[Job | Held]:
+    """``insert`` for jobs some of which have unique keys: the first job of each key
+    is inserted unless a row holds the key; the others come back ``Held``."""
+    keys = [new.unique_key for new in new_jobs]
+    results: list[Job | Held | None] = [None] * len(new_jobs)
+    pending = _first_of_each_key(keys)
+    if connection.vendor == "postgresql" and _fits_table():
+        if len(new_jobs) == 1:
+            # One statement, atomic by itself: no transaction of its own, as ``insert_one``.
+            _insert_unique_postgresql(connection, using, new_jobs, pending, batch_size, results)
+        else:
+            with transaction.atomic(using=using, savepoint=False):
+                _insert_unique_postgresql(connection, using, new_jobs, pending, batch_size, results)
+    else:
+        _insert_unique_savepoints(connection, using, new_jobs, keys, pending, batch_size, results)
+    return _with_later_calls(keys, results, using)
+
+
+def _first_of_each_key(keys: Sequence[str | None]) -> list[int]:
+    """The indexes of the jobs to insert: those without a key, and the first of each key."""
+    seen: set[str] = set()
+    pending = []
+    for index, key in enumerate(keys):
+        if key is None or key not in seen:
+            pending.append(index)
+            if key is not None:
+                seen.add(key)
+    return pending
+
+
+def _with_later_calls(keys: Sequence[str | None], results: list[Job | Held | None], using: str) -> list[Job | Held]:
+    """The outcomes, a later job of a key sharing the fate of the first (``Held`` by its row or its holder)."""
+    first: dict[str, Job | Held] = {}
+    outcomes: list[Job | Held] = []
+    for key, outcome in zip(keys, results, strict=True):
+        if outcome is None:
+            assert key is not None
+            earlier = first[key]
+            outcome = Held(key, earlier.pk if isinstance(earlier, Job) else earlier.job_id)
+        elif key is not None:
+            first.setdefault(key, outcome)
+        outcomes.append(outcome)
+    analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
+    return outcomes
+
+
+def _insert_unique_postgresql(
+    connection: BaseDatabaseWrapper,
+    using: str,
+    new_jobs: Sequence[NewJob],
+    pending: list[int],
+    batch_size: int,
+    results: list[Job | Held | None],
+) -> None:
+    keys = [new.unique_key for new in new_jobs]
+    pending = _insert_round(connection, using, new_jobs, pending, batch_size, _SKIP, results)
+    pending = _mark_held(using, keys, pending, results)
+    if not pending:
+        return
+    # A holder finished between the conflict and the read of it: its key may be
+    # free now. Insert again, locking whatever holds the key this time.
+    with transaction.atomic(using=using, savepoint=False):
+        pending = _insert_round(connection, using, new_jobs, pending, batch_size, _LOCK, results)
+        pending = _mark_held(using, keys, pending, results)
+    if pending:
+        raise RuntimeError(
+            f"unique key {keys[pending[0]]!r} was held by a row that could not be read; "
+            "is the transaction's isolation level READ COMMITTED?"
+        )
+
+
+def _insert_round(
+    connection: BaseDatabaseWrapper,
+    using: str,
+    new_jobs: Sequence[NewJob],
+    pending: list[int],
+    batch_size: int,
+    conflict: str,
+    results: list[Job | Held | None],
+) -> list[int]:
+    """Insert the jobs at ``pending`` (distinct keys) with ``conflict``; fill in the
+    rows inserted and return the indexes of the jobs left out."""
+    batches = [pending[start : start + batch_size] for start in range(0, len(pending), batch_size)]
+    with _pipeline(connection) if len(batches) > 1 else _nothing():
+        sent = []
+        for batch in batches:
+            cursor = connection.cursor()
+            cursor.execute(*_statement(connection, [new_jobs[index] for index in batch], conflict))
+            sent.append((batch, cursor))
+        for batch, cursor in sent:
+            with cursor:
+                returned = cursor.fetchall()
+            # Rows with a key are found by it (a left-out row returns nothing);
+            # the others come back in the arrays' order.
+            keyed = {row[3]: row for row in returned if row[3] is not None}
+            plain = iter([row for row in returned if row[3] is None])
+            for index in batch:
+                new = new_jobs[index]
+                row = keyed.get(new.unique_key) if new.unique_key else next(plain)
+                if row is not None:
+                    results[index] = _saved(using, new, *row[:3])
+    return [index for index in pending if results[index] is None]
+
+
+def _insert_unique_savepoints(
+    connection: BaseDatabaseWrapper,
+    using: str,
+    new_jobs: Sequence[NewJob],
+    keys: Sequence[str | None],
+    pending: list[int],
+    batch_size: int,
+    results: list[Job | Held | None],
+) -> None:
+    """Insert the jobs at ``pending`` in a savepoint (one statement per batch); after
+    a conflict on the unique index, read the holders of the keys and insert the rest again.
+
+    The holder of a conflicting key cannot vanish before it is read: InnoDB keeps
+    a shared lock on the index entry that conflicted, SQLite the write lock, until
+    the transaction ends. So each round that fails finds at least one holder.
+
+    InnoDB's lock covers the gap before that entry too, and every job row, keyed
+    or not, has an entry in the index (NULLs included) that may fall in such a
+    gap: two enqueues holding such locks that insert more rows deadlock. So on
+    MariaDB/MySQL the keys held by committed rows are read first and left out,
+    and in a transaction of its own a conflict ends the transaction (nothing was
+    written yet), with its locks, before the next round.
+    """
+    from .registry import _load_database_times
+
+    mysql = connection.vendor == "mysql"
+    restart = mysql and not connection.in_atomic_block
+    error: IntegrityError | None = None
+    rounds = len(pending) + 2
+    while rounds:
+        with transaction.atomic(using=using):
+            if mysql:
+                pending = _mark_held(using, keys, pending, results)
+            while pending and rounds:
+                rounds -= 1
+                # Rows built anew each round: a batch inserted before a later one failed has ids and times.
+                batch = [new_jobs[index].to_job() for index in pending]
+                try:
+                    with transaction.atomic(using=using):
+                        if len(batch) == 1:
+                            # Model.save gives the id on every backend (plain MySQL's bulk insert does not).
+                            batch[0].save(force_insert=True, using=using)
+                            saved = batch
+                        else:
+                            # bulk_create, not bulk_enqueue: that one leaves out held rows without saying which.
+                            saved = Job.objects.db_manager(using).bulk_create(batch, batch_size=batch_size)
+                except IntegrityError as exc:
+                    if not holds_unique_key(exc, connection):
+                        raise
+                    error = exc
+                    if restart:
+                        transaction.set_rollback(True, using=using)
+                        break
+                    left = _mark_held(using, keys, pending, results)
+                    if left == pending:
+                        # Read with a lock: a consistent read under REPEATABLE READ may not see the holder yet.
+                        left = _mark_held(using, keys, pending, results, lock=True)
+                    pending = left
+                    continue
+                _load_database_times(saved)
+                for index, job in zip(pending, saved, strict=True):
+                    results[index] = job
+                return
+            if not pending:
+                return
+    assert error is not None
+    raise error
+
+
+def _mark_held(
+    using: str,
+    keys: Sequence[str | None],
+    pending: list[int],
+    results: list[Job | Held | None],
+    *,
+    lock: bool = False,
+) -> list[int]:
+    """Mark the jobs at ``pending`` whose keys a row holds now as ``Held``; return the others."""
+    holders = unique_key_holders(
+        using, [key for key in (keys[index] for index in pending) if key is not None], lock=lock
+    )
+    left = []
+    for index in pending:
+        key = keys[index]
+        if key is not None and key in holders:
+            results[index] = Held(key, holders[key])
+        else:
+            left.append(index)
+    return left
+
+
+def unique_key_holders(using: str, keys: Sequence[str], *, lock: bool = False) -> dict[str, int]:
+    """The ids of the rows that hold ``keys`` now, by key (``lock``: locked until the transaction ends)."""
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), 500):
+        queryset = Job.objects.db_manager(using).filter(unique_key__in=keys[start : start + 500]).order_by()
+        if lock:
+            queryset = queryset.select_for_update()
+        found.update((key, pk) for key, pk in queryset.values_list("unique_key", "pk") if key is not None)
+    return found
+
+
+def is_deadlock(exc: DatabaseError, connection: BaseDatabaseWrapper) -> bool:
+    """Tell whether the database ended the transaction to break a deadlock (it may be run again)."""
+    cause = exc.__cause__
+    if connection.vendor == "postgresql":
+        return (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == "40P01"
+    if connection.vendor == "mysql":
+        return bool(cause is not None and cause.args and cause.args[0] == 1213)
+    return False
+
+
+def holds_unique_key(exc: IntegrityError, connection: BaseDatabaseWrapper) -> bool:
+    """Tell whether ``exc`` is a conflict on the unique index of ``Job.unique_key``, and no other."""
+    cause = exc.__cause__
+    if connection.vendor == "postgresql":
+        return getattr(getattr(cause, "diag", None), "constraint_name", None) == UNIQUE_INDEX
+    if connection.vendor == "mysql":
+        # (1062, "Duplicate entry '...' for key 'dbqueue_job_unique'"); MySQL 8: 'dbqueue_job.dbqueue_job_unique'.
+        args = cause.args if cause is not None else ()
+        if len(args) < 2 or args[0] != 1062:
+            return False
+        text = str(args[1]).rstrip()
+        return text.endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
+    if connection.vendor == "sqlite":
+        column = _field("unique_key").column
+        return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{column}"
+    return False
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _statement(
+    connection: BaseDatabaseWrapper, batch: Sequence[NewJob], conflict: str = _PLAIN
+) -> tuple[str, list[str]]:
     """The unnest INSERT of ``batch`` and its parameters: one array per column.
 
     A batch in which no job uses flow control leaves the flow columns to their
-    defaults (NULL), so it sends no array for them.
+    defaults (NULL), so it sends no array for them. With ``conflict`` (``_SKIP``,
+    ``_LOCK``) a row whose unique key is held is left out, and RETURNING gives
+    each row's key too.
     """
     columns = list(zip(*batch, strict=True))  # NewJob rows to columns
     params = [encode(column) for encode, column in zip(_ENCODERS, columns, strict=False)]
-    if not any(new.flow for new in batch):
+    if not conflict and not any(new.flow for new in batch):
         return _unnest_insert(connection), params
     flows = [new.flow or _NO_FLOW for new in batch]
     params += [encode(column) for encode, column in zip(_FLOW_ENCODERS, zip(*flows, strict=True), strict=True)]
-    return _unnest_insert(connection, flow=True), params
+    return _unnest_insert(connection, flow=True, conflict=conflict), params
 
 
 _NO_FLOW = Flow()
@@ -279,25 +569,25 @@ def _fits_table() -> bool:
     return tuple(field.attname for field in Job._meta.concrete_fields) == _COLUMNS
 
 
-def _unnest_insert(connection: BaseDatabaseWrapper, *, flow: bool = False) -> str:
+def _unnest_insert(connection: BaseDatabaseWrapper, *, flow: bool = False, conflict: str = _PLAIN) -> str:
     """The INSERT of one batch: one array parameter per ``NewJob`` field (and per
     ``Flow`` field with ``flow``), the times from the server's clock.
 
     Identifiers come from the model's ``_meta``, quoted by the backend. Built
     once per backend (PostgreSQL only, today).
     """
-    key = (connection.vendor, flow)
+    key = (connection.vendor, flow, conflict)
     sql = _UNNEST_INSERT.get(key)
     if sql is None:
-        sql = _UNNEST_INSERT[key] = _build_unnest_insert(connection, flow)
+        sql = _UNNEST_INSERT[key] = _build_unnest_insert(connection, flow, conflict)
     return sql
 
 
-# The INSERT's text per database vendor, with and without the flow columns.
-_UNNEST_INSERT: dict[tuple[str, bool], str] = {}
+# The INSERT's text per database vendor, with and without the flow columns, per conflict handling.
+_UNNEST_INSERT: dict[tuple[str, bool, str], str] = {}
 
 
-def _build_unnest_insert(connection: BaseDatabaseWrapper, flow: bool) -> str:
+def _build_unnest_insert(connection: BaseDatabaseWrapper, flow: bool, conflict: str = _PLAIN) -> str:
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
@@ -325,12 +615,21 @@ def _build_unnest_insert(connection: BaseDatabaseWrapper, flow: bool) -> str:
         *(f"r.{name}" for name in flow_names),
     ]
     flow_arrays = f", {arrays(flow_names)}" if flow else ""
+    returning = f"RETURNING {column('id')}, {column('available_at')}, {column('created_at')}"
+    on_conflict = ""
+    if conflict:
+        key = column("unique_key")
+        # The target names the partial unique index (migration 0008) by its column and predicate.
+        on_conflict = f"ON CONFLICT ({key}) WHERE {key} IS NOT NULL " + (
+            "DO NOTHING " if conflict == _SKIP else f"DO UPDATE SET {key} = EXCLUDED.{key} WHERE false "
+        )
+        returning += f", {key}"
     return (
         f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(column(name) for name in names)}) "
         f"SELECT {', '.join(values)} "
         f"FROM unnest({arrays(_PER_ROW)}, %s::float8[]{flow_arrays}) "
         f"AS r({', '.join([*_PER_ROW, 'delay', *flow_names])}) "
-        f"RETURNING {column('id')}, {column('available_at')}, {column('created_at')}"
+        f"{on_conflict}{returning}"
     )
 
 

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, NoReturn, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, NoReturn, ParamSpec, TypeVar, cast, overload
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.utils import timezone
 
-from . import concurrency, conf, payload, rates, signals, unique, validation
+from . import concurrency, conf, db, payload, rates, signals, unique, validation
 from .exceptions import JobCancelled, JobNotRegistered, Snooze
 
 if TYPE_CHECKING:
-    from .bulk import NewJob
+    from .bulk import Held, NewJob
     from .handles import JobHandle
     from .middleware import MiddlewareEntry
     from .models import Job
@@ -161,8 +164,15 @@ class JobDefinition(Generic[P, R]):
         backoff: Backoff | None = None,
         retry_until: RetryUntil | None = None,
         max_exceptions: int | None = None,
+        unique: bool | str | None = None,
+        unique_key: str | Callable[..., Any] | None = None,
+        unique_for: float | None = None,
     ) -> JobDefinition[P, R]:
-        """Return a copy with some options changed, for the next enqueue."""
+        """Return a copy with some options changed, for the next enqueue.
+
+        ``unique=False`` makes the copy not unique at all (no ``unique_key``, no
+        ``unique_for``, unless given here too).
+        """
         changes: dict[str, Any] = {
             key: value
             for key, value in {
@@ -174,9 +184,15 @@ class JobDefinition(Generic[P, R]):
                 "backoff": backoff,
                 "retry_until": retry_until,
                 "max_exceptions": max_exceptions,
+                "unique": unique,
+                "unique_key": unique_key,
+                "unique_for": unique_for,
             }.items()
             if value is not None
         }
+        if unique is False:
+            changes.setdefault("unique_key", None)
+            changes.setdefault("unique_for", None)
         if delay is not None:
             changes["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
         return dataclasses.replace(self, **changes)
@@ -254,27 +270,32 @@ class JobCall:
 
     def to_new_job(self) -> NewJob:
         """Return the row values of this call; raise TypeError for a bad argument."""
+        return self._prepared()[0]
+
+    def _prepared(self) -> tuple[NewJob, unique.Window | None]:
+        """The row values of this call and its ``unique_for`` window; every key callable
+        is called here, once, before anything is stored."""
         from .chains import new_job
 
-        return new_job(
-            self.to_step(),
+        step = self.to_step()
+        new = new_job(
+            step,
             then=[call.to_step() for call in self.callbacks],
             on_failure=self.failure_callback.to_step() if self.failure_callback else None,
         )
+        return new, unique.window_of(self.definition, step.get("flow"), self.args, self.kwargs)
 
     def to_row(self) -> Job:
         """Return an unsaved ``Job`` row for this call; raise TypeError for a bad argument."""
         return self.to_new_job().to_job()
 
     def enqueue(self) -> JobHandle:
-        """Store this call (and what follows it); see ``JobDefinition.enqueue``."""
-        from .bulk import insert_one
-        from .handles import JobHandle
+        """Store this call (and what follows it); see ``JobDefinition.enqueue``.
 
-        job = insert_one(self.to_new_job())
-        signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
-        logger.debug("enqueued job=%s id=%s queue=%s", job.name, job.pk, job.queue)
-        return JobHandle.from_job(job)
+        A unique job whose key is held stores nothing: the handle is the holder's,
+        with ``enqueued`` False (docs/unique.md).
+        """
+        return _handles(_store([self._prepared()], one=True))[0]
 
     async def aenqueue(self) -> JobHandle:
         from asgiref.sync import sync_to_async
@@ -288,15 +309,126 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[Jo
 
     Every argument is checked before anything is inserted. On PostgreSQL,
     SQLite and MariaDB the handles carry their ids (plain MySQL returns none).
+    One handle per call, in order: a unique job whose key is held (by a job
+    stored before, or by an earlier call of ``calls``) stores nothing, and its
+    handle is the holder's, with ``enqueued`` False.
     """
-    from .bulk import insert
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    prepared = [call._prepared() for call in calls]
+    if not prepared:
+        return []
+    return _handles(_store(prepared, batch_size=batch_size))
+
+
+# Times an enqueue of unique jobs that is a transaction of its own is run, when
+# the database ends it to break a deadlock; each time after a short random pause,
+# so the enqueues that met do not meet again.
+DEADLOCK_ATTEMPTS = 5
+DEADLOCK_PAUSE = 0.05
+
+
+def _store(
+    prepared: Sequence[tuple[NewJob, unique.Window | None]], *, batch_size: int = 1000, one: bool = False
+) -> list[Job | Held]:
+    """Insert the new jobs; those whose key or window is held come back ``Held``.
+
+    Unique jobs enqueued outside a transaction are stored in one of their own,
+    run again if the database ends it to break a deadlock (concurrent batches
+    that share several keys; on MariaDB also the gap locks of the unique index).
+    Inside the caller's transaction, a deadlock error reaches the caller, whose
+    whole transaction the database ended.
+    """
+    from django.db import OperationalError, connections
+
+    from .bulk import is_deadlock
+
+    connection = connections[db.alias()]
+    if connection.in_atomic_block or not any(window or new.unique_key for new, window in prepared):
+        return _store_once(prepared, batch_size, one)
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            return _store_once(prepared, batch_size, one)
+        except OperationalError as exc:
+            if attempt == DEADLOCK_ATTEMPTS or not is_deadlock(exc, connection):
+                raise
+            logger.info("enqueue ran again after a deadlock attempt=%s error=%s", attempt, exc)
+            time.sleep(random.uniform(0, DEADLOCK_PAUSE * attempt))
+    raise AssertionError("unreachable")
+
+
+def _store_once(
+    prepared: Sequence[tuple[NewJob, unique.Window | None]], batch_size: int, one: bool
+) -> list[Job | Held]:
+    """``_store`` once. Jobs with a ``unique_for`` window are stored in a transaction
+    (the caller's, if open) that locks their window rows first: a job whose window
+    is open is left out, and the windows of the jobs inserted open from now."""
+    from .bulk import Held, insert, insert_one
+    from .models import Job
+
+    def insert_all(news: Sequence[NewJob]) -> list[Job | Held]:
+        return [insert_one(news[0])] if one else insert(news, batch_size=batch_size)
+
+    if not any(window for _, window in prepared):
+        return insert_all([new for new, _ in prepared])
+    with transaction.atomic(using=db.alias(), savepoint=False):
+        locked = unique.lock_windows({window.key for _, window in prepared if window})
+        results: list[Job | Held | None] = [None] * len(prepared)
+        first: dict[str, int] = {}
+        todo: list[int] = []
+        for index, (_, window) in enumerate(prepared):
+            if window is None:
+                todo.append(index)
+            elif window.key in locked.open:
+                results[index] = Held(window.key, locked.open[window.key])
+            elif window.key not in first:
+                first[window.key] = index
+                todo.append(index)
+        stored = insert_all([prepared[index][0] for index in todo]) if todo else []
+        for index, stored_outcome in zip(todo, stored, strict=True):
+            results[index] = stored_outcome
+        opened = []
+        for index, (_, window) in enumerate(prepared):
+            if window is None:
+                continue
+            outcome = results[index]
+            if outcome is None:  # a later call of a window opened by an earlier one
+                earlier = results[first[window.key]]
+                assert earlier is not None
+                results[index] = Held(window.key, earlier.pk if isinstance(earlier, Job) else earlier.job_id)
+            elif isinstance(outcome, Job) and first.get(window.key) == index:
+                opened.append((window, outcome.pk))
+        unique.open_windows(opened, locked.now)
+    return [outcome for outcome in results if outcome is not None]
+
+
+def _handles(outcomes: Sequence[Job | Held]) -> list[JobHandle]:
+    """The handles of stored jobs and of those left out; ``job_enqueued`` for the stored ones only."""
+    from .bulk import Held
     from .handles import JobHandle
 
-    jobs = insert([call.to_new_job() for call in calls], batch_size=batch_size)
-    if signals.job_enqueued.has_listeners(JobDefinition):
-        for job in jobs:
-            signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
-    return [JobHandle.from_job(job) for job in jobs]
+    send = signals.job_enqueued.has_listeners(JobDefinition)
+    held = [outcome for outcome in outcomes if isinstance(outcome, Held)]
+    if not held:
+        # Nothing left out (every enqueue of jobs that are not unique): no more work than before.
+        jobs = cast("list[Job]", outcomes)
+        if send:
+            for job in jobs:
+                signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
+        if len(jobs) == 1:
+            logger.debug("enqueued job=%s id=%s queue=%s", jobs[0].name, jobs[0].pk, jobs[0].queue)
+        return [JobHandle.from_job(job) for job in jobs]
+    duplicates = iter(JobHandle.not_enqueued([outcome.job_id for outcome in held]))
+    handles = []
+    for outcome in outcomes:
+        if isinstance(outcome, Held):
+            handles.append(next(duplicates))
+            logger.debug("not enqueued, unique key held key=%s by_id=%s", outcome.key, outcome.job_id)
+            continue
+        if send:
+            signals.job_enqueued.send_robust(sender=JobDefinition, job=outcome)
+        handles.append(JobHandle.from_job(outcome))
+    return handles
 
 
 def _load_database_times(jobs: list[Job]) -> None:
@@ -467,6 +599,9 @@ def job(
     middleware: Sequence[MiddlewareEntry] = (),
     results: bool | None = None,
     max_exceptions: int | None = None,
+    unique: bool | str = False,
+    unique_key: str | Callable[..., Any] | None = None,
+    unique_for: float | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
 
 
@@ -486,6 +621,9 @@ def job(
     middleware: Sequence[MiddlewareEntry] = (),
     results: bool | None = None,
     max_exceptions: int | None = None,
+    unique: bool | str = False,
+    unique_key: str | Callable[..., Any] | None = None,
+    unique_for: float | None = None,
 ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
 
