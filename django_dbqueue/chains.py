@@ -19,12 +19,11 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import conf, payload, validation
+from . import conf, payload, unique, validation
 from .bulk import Flow, NewJob
 from .exceptions import PayloadError, UnknownQueue
 from .models import Job
-from .registry import JobCall, JobDefinition, _load_database_times
-from .signals import job_enqueued
+from .registry import JobCall, JobDefinition, store
 
 if TYPE_CHECKING:
     from .handles import JobHandle
@@ -155,19 +154,17 @@ class Chain:
     def enqueue(self) -> JobHandle:
         """Store the first step and return its handle; each next one is enqueued when the one before succeeds."""
         steps = [call.to_step() for call in self.steps]
-        job = build_row(
+        new = new_job(
             steps[0],
             next_steps=steps[1:],
             then=[call.to_step() for call in self.callbacks],
             on_failure=self.failure_callback.to_step() if self.failure_callback else None,
             chain={"id": self.id, "step": 1, "total": len(steps)},
         )
-        job.save(force_insert=True, using=job._state.db)
-        _load_database_times([job])
-        job_enqueued.send_robust(sender=Chain, job=job)
-        from .handles import JobHandle
-
-        return JobHandle.from_job(job)
+        # As the first step's own enqueue: a unique first step whose key is held
+        # stores nothing (the chain with it), and the handle is the holder's.
+        first = self.steps[0]
+        return store(new, unique.window_of(first.definition, steps[0].get("flow"), first.args, first.kwargs))
 
 
 def chain(*calls: JobCall | JobDefinition[..., Any]) -> Chain:

@@ -520,10 +520,12 @@ class JobManager(models.Manager["Job"]):
                 try:
                     with transaction.atomic(using=using):
                         row.save(force_insert=True, using=using)
-                except IntegrityError:
-                    holder = self.get_queryset().filter(unique_key=row.unique_key).values_list("pk", flat=True).first()
-                    if holder is None:
+                except IntegrityError as exc:
+                    from .bulk import holds_unique_key
+
+                    if not holds_unique_key(exc, connections[using]):
                         raise
+                    holder = self.get_queryset().filter(unique_key=row.unique_key).values_list("pk", flat=True).first()
                     logger.info("job=%s not enqueued: job %s holds its unique key %r", row.name, holder, row.unique_key)
                     row.pk = None
                     inserted.append(None)

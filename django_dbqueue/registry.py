@@ -304,6 +304,12 @@ class JobCall:
         return handle
 
 
+def store(new: NewJob, window: unique.Window | None = None) -> JobHandle:
+    """Store one prepared job as ``JobCall.enqueue`` does (a chain's first step): a
+    unique job whose key is held stores nothing, and the handle is the holder's."""
+    return _handles(_store([(new, window)], one=True))[0]
+
+
 def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[JobHandle]:
     """Store many calls with one INSERT per ``batch_size`` rows, in one transaction; return their handles.
 
