@@ -608,6 +608,11 @@ def job(
     unique: bool | str = False,
     unique_key: str | Callable[..., Any] | None = None,
     unique_for: float | None = None,
+    concurrency_key: str | Callable[..., Any] | None = None,
+    concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
+    rate_key: str | Callable[..., Any] | None = None,
+    rate_burst: int | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
 
 
@@ -630,6 +635,11 @@ def job(
     unique: bool | str = False,
     unique_key: str | Callable[..., Any] | None = None,
     unique_for: float | None = None,
+    concurrency_key: str | Callable[..., Any] | None = None,
+    concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
+    rate_key: str | Callable[..., Any] | None = None,
+    rate_burst: int | None = None,
 ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
 
