@@ -73,7 +73,8 @@ def keys(jobs: int = 20000, key_count: int = 1000, workers: int = 4) -> None:
     subprocess.run([sys.executable, "-c", enqueue], env=ENV, cwd=ROOT, check=True)
     with tempfile.TemporaryDirectory() as folder:
         times = Path(folder) / "claims.txt"
-        argv = [sys.executable, "-m", "django", "queue_work", "--stop-when-empty", "--sleep", "0", "-v", "0"]
+        argv = [sys.executable, "-m", "django", "queue_work", "--queue", "bench-keyed"]
+        argv += ["--stop-when-empty", "--sleep", "0", "-v", "0"]
         started = time.monotonic()
         procs = [subprocess.Popen(argv, env={**ENV, "BENCH_CLAIM_TIMES": str(times)}, cwd=ROOT) for _ in range(workers)]
         for proc in procs:
@@ -149,45 +150,41 @@ def saturated(claims_count: int = 300) -> None:
     print("    EXPLAIN ANALYZE of the flow claim's candidate query:\n" + _explain(sql, list(params)))
 
 
-# The claim statement before issue 12 (one ordered scan of the waiting index), for comparison.
-BEFORE = (
-    "UPDATE dbqueue_job SET attempts = attempts + 1, reserved_at = STATEMENT_TIMESTAMP(), reserved_by = %s "
-    "WHERE id IN (SELECT id FROM dbqueue_job WHERE queue = %s AND reserved_at IS NULL "
-    "AND available_at <= STATEMENT_TIMESTAMP() ORDER BY priority DESC, available_at, id LIMIT %s "
-    "FOR UPDATE SKIP LOCKED) RETURNING id"
-)
-
-
-def delayed(claims_count: int = 400) -> None:
-    """(d) Claim one job at a time with 100,000 delayed jobs of a higher priority in front of 1,000 waiting."""
+def delayed(claims_count: int = 300) -> None:
+    """(d) Claim one job at a time with 100,000 delayed jobs of a higher priority in front of 1,000 waiting:
+    the one-scan statement, the priority walk, and ``claims.claim``, which takes the walk once a scan was slow."""
     recreate_database()
     setup_django()
     from django.db import connection
 
     from django_dbqueue import claims
+    from django_dbqueue.models import Job
 
     with connection.cursor() as cursor:
         _insert(cursor, 100_000, 10, delay="3600")
         _insert(cursor, 1_000, 0)
         cursor.execute("ANALYZE dbqueue_job")
-    now_sql = claims.claim_sql(connection)
-    variants = {"before (one ordered scan)": (BEFORE, ["w", "default", 1]), "now (priority by priority)": None}
-    results: dict[str, list[float]] = {name: [] for name in variants}
+    results: dict[str, list[float]] = {"one scan": [], "priority walk": [], "claims.claim": []}
     with connection.cursor() as cursor:
         for _ in range(claims_count):
-            for name, statement in variants.items():
-                sql, params = statement or (now_sql, claims.claim_params("w", "default", 1))
+            for name, walk in (("one scan", False), ("priority walk", True)):
                 started = time.perf_counter()
-                cursor.execute(sql, params)
+                cursor.execute(
+                    claims.claim_sql(connection, walk=walk), claims.claim_params("w", "default", 1, walk=walk)
+                )
                 cursor.fetchall()
                 results[name].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            Job.objects.reserve_many(["default"], limit=1)
+            results["claims.claim"].append(time.perf_counter() - started)
     for name, times in results.items():
         print(
             f"(d) 100,000 delayed jobs (priority 10) in front of 1,000 waiting (priority 0), {name}: "
             f"{percentiles(times)}"
         )
-    print("    EXPLAIN ANALYZE, before:\n" + _explain(BEFORE, ["w", "default", 1]))
-    print("    EXPLAIN ANALYZE, now:\n" + _explain(now_sql, claims.claim_params("w", "default", 1)))
+    for name, walk in (("one scan", False), ("priority walk", True)):
+        plan = _explain(claims.claim_sql(connection, walk=walk), claims.claim_params("w", "default", 1, walk=walk))
+        print(f"    EXPLAIN ANALYZE, {name}:\n{plan}")
 
 
 def main() -> None:

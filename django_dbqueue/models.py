@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -169,7 +170,7 @@ class JobManager(models.Manager["Job"]):
         )
         if not done:
             return set(), reserve()
-        from .claims import claim_params, from_claim, plain_claimed, uses_flow_claim
+        from .claims import claim_params, from_claim, plain_claimed, timed, uses_flow_claim, walks
 
         using = self.get_queryset().db
         if (
@@ -181,12 +182,18 @@ class JobManager(models.Manager["Job"]):
             deleted = self.delete_many_reserved(done)
             return deleted, reserve()
         connection = connections[using]
+        walk = walks(queues[0])
         with bound_cursor(connection) as cursor:
+            started = time.monotonic()
             cursor.execute(
-                _finish_and_claim_sql(connection),
-                [[job.pk for job in done], [job.attempts for job in done], *claim_params(worker_id, queues[0], limit)],
+                _finish_and_claim_sql(connection, walk),
+                [
+                    *([job.pk for job in done], [job.attempts for job in done]),
+                    *claim_params(worker_id, queues[0], limit, walk=walk),
+                ],
             )
             rows = cursor.fetchall()
+            timed(queues[0], walk, time.monotonic() - started)
         deleted = set(rows[0][0])
         jobs = plain_claimed(queues[0], from_claim(using, [row[1:] for row in rows if row[1] is not None]))
         if not jobs:
@@ -561,8 +568,7 @@ def _delete_sql(connection: Any) -> str:
     )
 
 
-@cached_sql
-def _finish_and_claim_sql(connection: Any) -> str:
+def _finish_and_claim_sql(connection: Any, walk: bool) -> str:
     """PostgreSQL: ``_delete_sql`` and ``claims.claim_sql`` in one statement and one transaction.
 
     Each row holds the array of deleted ids, then a claimed row's columns; when
@@ -570,12 +576,20 @@ def _finish_and_claim_sql(connection: Any) -> str:
     same snapshot; they never touch the same rows (one deletes rows this worker
     holds, the other claims rows nobody does).
     """
-    from .claims import claim_sql
+    key = (connection.vendor, walk)
+    text = _FINISH_AND_CLAIM.get(key)
+    if text is None:
+        from .claims import claim_sql
 
-    return (
-        f"WITH done AS ({_delete_sql(connection)}), claimed AS ({claim_sql(connection)}) "
-        "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
-    )
+        text = _FINISH_AND_CLAIM[key] = (
+            f"WITH done AS ({_delete_sql(connection)}), claimed AS ({claim_sql(connection, walk=walk)}) "
+            "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
+        )
+    return text
+
+
+# ``_finish_and_claim_sql`` per vendor, with and without the priority walk.
+_FINISH_AND_CLAIM: dict[tuple[str, bool], str] = {}
 
 
 def _slots_freed(using: str, jobs: Iterable[Job]) -> None:

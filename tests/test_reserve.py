@@ -201,3 +201,50 @@ def test_the_hook_before_a_reclaim_runs_only_when_nothing_could_be_claimed():
     assert deleted == {claimed[0].pk} and following == [] and calls == ["finish"]
     assert Job.objects.reserve_many(["default"], limit=1, before_reclaim=lambda: calls.append("idle")) == []
     assert calls == ["finish", "idle"]
+
+
+@pytest.fixture(params=[False, True], ids=["one scan", "priority walk"])
+def walk(request, monkeypatch):
+    """On PostgreSQL, claim with the one-scan statement or the priority walk (elsewhere: the one claim)."""
+    from django_dbqueue import claims
+
+    monkeypatch.setattr(claims, "_walk_until", {"default": float("inf")} if request.param else {})
+    monkeypatch.setattr(claims, "SLOW_CLAIM", float("inf"))
+    return request.param
+
+
+def test_both_postgresql_statements_claim_by_priority_then_age_and_skip_delayed_rows(walk):
+    delayed = [jobs.add.using(priority=10, delay=3600).enqueue(i, i) for i in range(3)]
+    low = [jobs.add.using(priority=-5).enqueue(i, i) for i in range(2)]
+    middle = [jobs.add.enqueue(i, i) for i in range(2)]
+    high = jobs.add.using(priority=5).enqueue(0, 0)
+    claimed = Job.objects.reserve_many(["default"], limit=3)
+    assert [job.pk for job in claimed] == [high.pk, middle[0].pk, middle[1].pk]
+    done, more = Job.objects.finish_and_reserve(claimed, ["default"], limit=10)
+    assert done == {job.pk for job in claimed}
+    assert [job.pk for job in more] == [row.pk for row in low]
+    assert Job.objects.reserve(["default"]) is None
+    assert Job.objects.delayed().count() == len(delayed)
+
+
+def test_both_postgresql_statements_skip_paused_queues_and_blocked_rows(walk):
+    from django_dbqueue import pauses
+
+    blocked = jobs.add.enqueue(1, 1)
+    Job.objects.filter(pk=blocked.pk).update(blocked=True)
+    free = jobs.add.enqueue(2, 2)
+    pauses.pause("default", force=True)
+    assert Job.objects.reserve(["default"]) is None
+    pauses.resume("default")
+    assert Job.objects.reserve(["default"]).pk == free.pk
+    assert Job.objects.reserve(["default"]) is None
+
+
+def test_a_slow_one_scan_claim_turns_the_priority_walk_on_for_its_queue(monkeypatch):
+    from django_dbqueue import claims
+
+    monkeypatch.setattr(claims, "_walk_until", {})
+    claims.timed("default", False, claims.SLOW_CLAIM / 2)
+    assert not claims.walks("default")
+    claims.timed("default", False, claims.SLOW_CLAIM * 2)
+    assert claims.walks("default") and not claims.walks("other")

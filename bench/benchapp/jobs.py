@@ -32,6 +32,8 @@ if os.environ.get("BENCH_SCHEDULES"):
         periodic(scheduled, "* * * * *", args=[n], name=f"bench-{n}")
 
 
-@job(name="bench.keyed", concurrency_key=lambda i, key: f"k{key}", concurrency_limit=1)
+# In a queue of its own: a worker claims the queues of jobs with concurrency keys
+# with the flow claim, and the others (the drain of bench.noop) with the plain one.
+@job(name="bench.keyed", queue="bench-keyed", concurrency_key=lambda i, key: f"k{key}", concurrency_limit=1)
 def keyed(i: int, key: int) -> None:
     """A no-op job with a concurrency key (bench/flow.py): at most one per key runs at once."""
