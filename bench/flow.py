@@ -189,7 +189,7 @@ def delayed(claims_count: int = 300) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", choices=["keys", "saturated", "delayed"], default=[])
+    parser.add_argument("parts", nargs="*", metavar="{keys,saturated,delayed}", default=[])
     args = parser.parse_args()
     parts = args.parts or ["keys", "saturated", "delayed"]
     # Each part in a process of its own: Django is set up once per process.
