@@ -100,6 +100,7 @@ def tries_spent(run: dict[str, Any]) -> int:
 # -- concurrency limits ------------------------------------------------------
 
 
+@pytest.mark.one_django
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.acceptance
 def test_200_jobs_over_5_keys_never_overlap_per_key_on_4_workers_and_spend_no_try_waiting(worker_process, limits):
@@ -119,6 +120,7 @@ def test_200_jobs_over_5_keys_never_overlap_per_key_on_4_workers_and_spend_no_tr
     assert not Job.objects.exists() and not FailedJob.objects.exists()
 
 
+@pytest.mark.one_django
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.acceptance
 def test_a_saturated_key_does_not_block_the_other_keys_behind_it(worker_process, limits):
@@ -143,6 +145,7 @@ def test_a_saturated_key_does_not_block_the_other_keys_behind_it(worker_process,
     assert not Job.objects.exists() and not FailedJob.objects.exists()
 
 
+@pytest.mark.one_django
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.acceptance
 def test_a_slot_held_by_a_killed_worker_is_freed_after_retry_after(worker_process, limits):
@@ -177,6 +180,7 @@ def test_a_slot_held_by_a_killed_worker_is_freed_after_retry_after(worker_proces
     assert not Job.objects.exists() and not FailedJob.objects.exists()
 
 
+@pytest.mark.one_django
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.acceptance
 def test_keyed_jobs_sent_to_a_queue_claimed_without_limits_are_given_back_and_run_within_them(worker_process, limits):

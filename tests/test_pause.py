@@ -426,6 +426,7 @@ def untouched(queue: str, count: int) -> bool:
     return jobs.count() == count and not jobs.filter(attempts__gt=0).exists()
 
 
+@pytest.mark.one_django
 @pytest.mark.acceptance
 @pytest.mark.django_db(transaction=True)
 def test_workers_leave_a_paused_queue_alone_while_they_drain_another_and_drain_it_once_resumed(worker_process):
@@ -459,6 +460,7 @@ def test_workers_leave_a_paused_queue_alone_while_they_drain_another_and_drain_i
         assert process.wait(timeout=30) == 0, process.output()
 
 
+@pytest.mark.one_django
 @pytest.mark.acceptance
 @pytest.mark.django_db(transaction=True)
 def test_a_job_running_when_its_queue_is_paused_finishes_and_the_next_waits(worker_process):

@@ -383,6 +383,7 @@ def test_a_worker_runs_a_unique_job_and_the_next_enqueue_is_stored():
     assert record_unique.enqueue("a").enqueued
 
 
+@pytest.mark.one_django
 @pytest.mark.acceptance
 @pytest.mark.parametrize("scope", ["until_finished", "until_started"])
 def test_with_a_real_worker_the_key_is_free_again_per_scope(worker_process, scope):
