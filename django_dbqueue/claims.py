@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
@@ -250,54 +250,50 @@ def claim_sql(connection: Any, *, walk: bool = False) -> str:
 
 @cached_sql
 def _scan_sql(connection: Any) -> str:
-    table, pk, queue, priority, available_at, reserved_at, reserved_by, attempts, blocked, unique_key, until_start = (
-        sql_names(
-            connection,
-            *("id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts"),
-            *("blocked", "unique_key", "unique_until_start"),
+    def candidates(n: dict[str, str]) -> str:
+        return (
+            f"SELECT {n['id']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']} "
+            f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() AND {n['not_paused']} "
+            f"ORDER BY {n['priority']} DESC, {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED"
         )
-    )
-    paused_table, paused_queue = _paused_names(connection)
-    returning = ", ".join(sql_names(connection, *(field.name for field in Job._meta.concrete_fields))[1:])
-    return (
-        f"UPDATE {table} SET {attempts} = {attempts} + 1, {reserved_at} = STATEMENT_TIMESTAMP(), "
-        f"{reserved_by} = %s, {unique_key} = CASE WHEN {until_start} THEN NULL ELSE {unique_key} END "
-        f"WHERE {pk} IN (SELECT {pk} FROM {table} WHERE {queue} = %s AND {reserved_at} IS NULL AND NOT {blocked} "
-        f"AND {available_at} <= STATEMENT_TIMESTAMP() "
-        f"AND NOT EXISTS (SELECT 1 FROM {paused_table} WHERE {paused_queue} = %s) "
-        f"ORDER BY {priority} DESC, {available_at}, {pk} LIMIT %s FOR UPDATE SKIP LOCKED) "
-        f"RETURNING {returning}"
-    )
+
+    return _claim_update(connection, candidates)
 
 
 @cached_sql
 def _walk_sql(connection: Any) -> str:
-    table, pk, queue, priority, available_at, reserved_at, reserved_by, attempts, blocked, unique_key, until_start = (
-        sql_names(
-            connection,
-            *("id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts"),
-            *("blocked", "unique_key", "unique_until_start"),
+    def candidates(n: dict[str, str]) -> str:
+        top = f"SELECT {n['priority']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']}"
+        return (
+            "WITH RECURSIVE levels (level) AS ("
+            f"({top} AND {n['not_paused']} ORDER BY {n['priority']} DESC LIMIT 1) "
+            f"UNION ALL SELECT ({top} AND {n['priority']} < levels.level ORDER BY {n['priority']} DESC LIMIT 1) "
+            "FROM levels WHERE levels.level IS NOT NULL) "
+            f"SELECT rows.{n['id']} FROM levels CROSS JOIN LATERAL (SELECT {n['id']} FROM {n['table']} "
+            f"WHERE {n['queue']} = %s AND {n['priority']} = levels.level AND {n['waiting']} "
+            f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
+            f"ORDER BY {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED) AS rows "
+            "WHERE levels.level IS NOT NULL LIMIT %s"
         )
-    )
+
+    return _claim_update(connection, candidates)
+
+
+def _claim_update(connection: Any, candidates: Callable[[dict[str, str]], str]) -> str:
+    """The claim's UPDATE of the rows ``candidates`` selects (given the quoted names), returning them."""
+    fields: tuple[str, ...] = ("id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts")
+    fields += ("blocked", "unique_key", "unique_until_start")
+    table, *columns = sql_names(connection, *fields)
+    n = dict(zip(fields, columns, strict=True), table=table)
     paused_table, paused_queue = _paused_names(connection)
+    n["waiting"] = f"{n['reserved_at']} IS NULL AND NOT {n['blocked']}"
+    n["not_paused"] = f"NOT EXISTS (SELECT 1 FROM {paused_table} WHERE {paused_queue} = %s)"
     returning = ", ".join(sql_names(connection, *(field.name for field in Job._meta.concrete_fields))[1:])
-    waiting = f"{reserved_at} IS NULL AND NOT {blocked}"
     return (
-        f"UPDATE {table} SET {attempts} = {attempts} + 1, {reserved_at} = STATEMENT_TIMESTAMP(), "
-        f"{reserved_by} = %s, {unique_key} = CASE WHEN {until_start} THEN NULL ELSE {unique_key} END "
-        f"WHERE {pk} IN ("
-        "WITH RECURSIVE levels (level) AS ("
-        f"(SELECT {priority} FROM {table} WHERE {queue} = %s AND {waiting} "
-        f"AND NOT EXISTS (SELECT 1 FROM {paused_table} WHERE {paused_queue} = %s) "
-        f"ORDER BY {priority} DESC LIMIT 1) "
-        f"UNION ALL SELECT (SELECT {priority} FROM {table} WHERE {queue} = %s AND {waiting} "
-        f"AND {priority} < levels.level ORDER BY {priority} DESC LIMIT 1) FROM levels WHERE levels.level IS NOT NULL) "
-        f"SELECT rows.{pk} FROM levels CROSS JOIN LATERAL (SELECT {pk} FROM {table} "
-        f"WHERE {queue} = %s AND {priority} = levels.level AND {waiting} "
-        f"AND {available_at} <= STATEMENT_TIMESTAMP() "
-        f"ORDER BY {available_at}, {pk} LIMIT %s FOR UPDATE SKIP LOCKED) AS rows "
-        "WHERE levels.level IS NOT NULL LIMIT %s) "
-        f"RETURNING {returning}"
+        f"UPDATE {table} SET {n['attempts']} = {n['attempts']} + 1, {n['reserved_at']} = STATEMENT_TIMESTAMP(), "
+        f"{n['reserved_by']} = %s, "
+        f"{n['unique_key']} = CASE WHEN {n['unique_until_start']} THEN NULL ELSE {n['unique_key']} END "
+        f"WHERE {n['id']} IN ({candidates(n)}) RETURNING {returning}"
     )
 
 
