@@ -39,6 +39,8 @@ def test_a_job_whose_session_is_killed_three_times_with_tries_2_is_given_back_an
     wait_until(lambda: not Job.objects.filter(pk=job.pk).exists(), 10, "the job row was not deleted")
     assert not FailedJob.objects.exists()
     assert Attempt.objects.filter(key="k").count() == 4
+    # The worker logs the outcome after the row's delete commits: wait for the line, not just the row.
+    wait_until(lambda: "attempt=4 outcome=" in worker.output(), 10, f"no outcome logged:\n{worker.output()}")
     output = worker.output()
     assert output.count("given_back=connection_lost") == 3, output
     assert "attempt=4 outcome=succeeded" in output, output
