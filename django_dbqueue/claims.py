@@ -122,12 +122,17 @@ def _claim_returning(using: str, queue: str, limit: int, worker_id: str) -> list
         return from_claim(using, rows)
 
 
-# A plain claim on PostgreSQL that takes longer than this (seconds, round trip
-# included) makes its queue use the priority-by-priority statement for WALK_FOR
-# seconds (see ``claim_sql``).
+# SLOW_SCANS plain claims of a queue in a row on PostgreSQL that each take longer
+# than SLOW_CLAIM (seconds, round trip included) make the queue use the
+# priority-by-priority statement for WALK_FOR seconds (see ``claim_sql``). One
+# slow claim is not enough: a worker's first claim (cold caches) or one beside
+# a checkpoint takes that long too, and walking for a minute after it costs a
+# no-op drain about a tenth.
 SLOW_CLAIM = 0.002
+SLOW_SCANS = 3
 WALK_FOR = 60.0
 _walk_until: dict[str, float] = {}
+_slow_scans: dict[str, int] = {}
 
 
 def walks(queue: str) -> bool:
@@ -137,8 +142,15 @@ def walks(queue: str) -> bool:
 
 def timed(queue: str, walk: bool, seconds: float) -> None:
     """Note how long a claim of ``queue`` took (the one-scan statement, unless ``walk``)."""
-    if not walk and seconds > SLOW_CLAIM:
+    if walk:
+        return
+    if seconds <= SLOW_CLAIM:
+        _slow_scans.pop(queue, None)
+        return
+    _slow_scans[queue] = slow = _slow_scans.get(queue, 0) + 1
+    if slow >= SLOW_SCANS:
         _walk_until[queue] = time.monotonic() + WALK_FOR
+        del _slow_scans[queue]
 
 
 def claim_params(worker_id: str, queue: str, limit: int, *, walk: bool = False) -> list[Any]:
@@ -242,7 +254,8 @@ def claim_sql(connection: Any, *, walk: bool = False) -> str:
     (many at a high priority, say) are never read, where the one scan steps over
     all of them. The walk stops as soon as ``LIMIT`` rows are found. Planning the
     walk costs about 0.2 ms a claim, a tenth of a no-op job's cost, so a queue
-    takes it only after a one-scan claim of it was slow (``SLOW_CLAIM``). Every
+    takes it only after ``SLOW_SCANS`` one-scan claims of it in a row were slow
+    (``SLOW_CLAIM``). Every
     identifier comes from the model's meta, every value is a parameter.
     """
     return _walk_sql(connection) if walk else _scan_sql(connection)

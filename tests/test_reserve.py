@@ -240,11 +240,18 @@ def test_both_postgresql_statements_skip_paused_queues_and_blocked_rows(walk):
     assert Job.objects.reserve(["default"]) is None
 
 
-def test_a_slow_one_scan_claim_turns_the_priority_walk_on_for_its_queue(monkeypatch):
+def test_slow_one_scan_claims_in_a_row_turn_the_priority_walk_on_for_their_queue(monkeypatch):
     from django_dbqueue import claims
 
     monkeypatch.setattr(claims, "_walk_until", {})
-    claims.timed("default", False, claims.SLOW_CLAIM / 2)
+    monkeypatch.setattr(claims, "_slow_scans", {})
+    slow, fast = claims.SLOW_CLAIM * 2, claims.SLOW_CLAIM / 2
+    # A slow claim now and then (a cold first claim, a checkpoint) is not enough.
+    for seconds in [slow] * (claims.SLOW_SCANS - 1) + [fast] + [slow] * (claims.SLOW_SCANS - 1):
+        claims.timed("default", False, seconds)
     assert not claims.walks("default")
-    claims.timed("default", False, claims.SLOW_CLAIM * 2)
+    # Slow walks count for nothing: only the one scan's time decides.
+    claims.timed("default", True, slow * 10)
+    assert not claims.walks("default")
+    claims.timed("default", False, slow)
     assert claims.walks("default") and not claims.walks("other")
