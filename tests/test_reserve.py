@@ -2,6 +2,7 @@
 
 import datetime as dt
 import re
+import time
 
 import pytest
 from django.db import connection
@@ -208,8 +209,8 @@ def walk(request, monkeypatch):
     """On PostgreSQL, claim with the one-scan statement or the priority walk (elsewhere: the one claim)."""
     from django_dbqueue import claims
 
-    monkeypatch.setattr(claims, "_walk_until", {"default": float("inf")} if request.param else {})
-    monkeypatch.setattr(claims, "SLOW_CLAIM", float("inf"))
+    monkeypatch.setattr(claims, "walks", lambda queue: request.param)
+    monkeypatch.setattr(claims, "timed", lambda queue, walk, seconds: None)
     return request.param
 
 
@@ -240,18 +241,32 @@ def test_both_postgresql_statements_skip_paused_queues_and_blocked_rows(walk):
     assert Job.objects.reserve(["default"]) is None
 
 
-def test_slow_one_scan_claims_in_a_row_turn_the_priority_walk_on_for_their_queue(monkeypatch):
+def test_a_queue_claims_with_the_statement_its_claims_measured_faster_and_probes_the_other(monkeypatch):
     from django_dbqueue import claims
 
-    monkeypatch.setattr(claims, "_walk_until", {})
-    monkeypatch.setattr(claims, "_slow_scans", {})
+    monkeypatch.setattr(claims, "_picks", {})
     slow, fast = claims.SLOW_CLAIM * 2, claims.SLOW_CLAIM / 2
-    # A slow claim now and then (a cold first claim, a checkpoint) is not enough.
-    for seconds in [slow] * (claims.SLOW_SCANS - 1) + [fast] + [slow] * (claims.SLOW_SCANS - 1):
-        claims.timed("default", False, seconds)
-    assert not claims.walks("default")
-    # Slow walks count for nothing: only the one scan's time decides.
-    claims.timed("default", True, slow * 10)
+    # A cheap one scan never walks, and one slow claim (a cold first one, a checkpoint) does not change that.
+    claims.timed("default", False, fast)
     assert not claims.walks("default")
     claims.timed("default", False, slow)
-    assert claims.walks("default") and not claims.walks("other")
+    assert not claims.walks("default")
+    # Scans slow on average: the walk is tried, and kept while it is faster.
+    for _ in range(5):
+        claims.timed("default", False, slow)
+    assert claims.walks("default")
+    claims.timed("default", True, fast)
+    assert claims.walks("default") and claims.walks("default") and not claims.walks("other")
+    # Once the walk measures slower than the scan, the scan is back.
+    for _ in range(10):
+        claims.timed("default", True, slow * 3)
+    assert not claims.walks("default")
+    # Every PROBE_EVERY seconds one claim takes the other statement, to keep its average current;
+    # a probe weighs more: two that find the walk cheap bring it back.
+    pick = claims._picks["default"]
+    for walks_after in (False, True):
+        pick.probe_at = 0.0
+        assert claims.walks("default")
+        assert pick.probe_at > time.monotonic() + claims.PROBE_EVERY / 2
+        claims.timed("default", True, 0.0)
+        assert claims.walks("default") is walks_after
