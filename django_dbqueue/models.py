@@ -170,12 +170,13 @@ class JobManager(models.Manager["Job"]):
         )
         if not done:
             return set(), reserve()
-        from .claims import claim_params, from_claim, plain_claimed, timed, uses_flow_claim, walks
+        from .claims import claim_params, from_claim, paused, plain_claimed, timed, uses_flow_claim, walks
 
         using = self.get_queryset().db
         if (
             connections[using].vendor != "postgresql"
             or not queues
+            or queues[0] in paused(using)
             or uses_flow_claim(queues[0])
             or any(job.concurrency_key for job in done)
         ):

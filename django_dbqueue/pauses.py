@@ -1,8 +1,10 @@
 """Paused queues: workers claim no job of a paused queue until it is resumed.
 
-A pause is a ``PausedQueue`` row on the queue's database. Every claim statement
-skips the queues that have one, so a pause holds from the next claim of every
-worker, on every host; no worker process is told anything. Enqueueing into a
+A pause is a ``PausedQueue`` row on the queue's database. Every claim skips the
+queues that have one, as its process read them at most ``claims.PAUSE_CHECK``
+(0.5) seconds earlier, so a pause holds for every claim of every worker, on
+every host, that starts half a second after it committed (in the process that
+paused: at once); no worker process is told anything. Enqueueing into a
 paused queue works as before, and jobs already reserved (running, or claimed
 ahead by a worker's ``--batch`` or ``--threads``) run to their end.
 
@@ -22,6 +24,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from . import conf, registry, schedules
+from .claims import forget_paused
 from .db import DbNow, alias
 from .exceptions import UnknownQueue
 from .listener import CHANNEL
@@ -59,6 +62,9 @@ def pause_many(queues: Iterable[str], *, force: bool = False) -> dict[str, bool]
             # get_or_create: a pause racing this one makes the INSERT fail, and the row is read instead.
             _, created = PausedQueue.objects.get_or_create(queue=queue, defaults={"paused_at": DbNow()})
             changed[queue] = created
+        # At once, for claims on this connection, and again when the change is visible to others.
+        forget_paused()
+        transaction.on_commit(forget_paused, using=alias())
     for queue, created in changed.items():
         if created:
             logger.info("queue paused queue=%s", queue)
@@ -84,6 +90,9 @@ def resume_many(queues: Iterable[str]) -> dict[str, bool]:
         for queue in names:
             deleted, _ = PausedQueue.objects.filter(queue=queue).delete()
             changed[queue] = bool(deleted)
+        # At once, for claims on this connection, and again when the change is visible to others.
+        forget_paused()
+        transaction.on_commit(forget_paused, using=using)
         resumed = [queue for queue, was_paused in changed.items() if was_paused]
         if resumed and connections[using].vendor == "postgresql":
             with connections[using].cursor() as cursor:

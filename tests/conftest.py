@@ -94,6 +94,17 @@ class WorkerProcess:
         self._log.close()
 
 
+@pytest.fixture(autouse=True)
+def _paused_queues_read_afresh() -> Iterator[None]:
+    """Claims cache the paused queues for half a second (claims.PAUSE_CHECK); a test's
+    pauses are rolled back with it, so no test claims with the previous one's."""
+    from django_dbqueue.claims import forget_paused
+
+    forget_paused()
+    yield
+    forget_paused()
+
+
 @pytest.fixture
 def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []

@@ -23,7 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import django_dbqueue
-from django_dbqueue import enqueue_many, operations, pauses, registry
+from django_dbqueue import claims, enqueue_many, operations, pauses, registry
 from django_dbqueue.exceptions import UnknownQueue
 from django_dbqueue.models import Job, PausedQueue
 from django_dbqueue.signals import queue_paused, queue_resumed
@@ -189,6 +189,23 @@ def test_enqueueing_into_a_paused_queue_works():
     jobs.record.enqueue("a")
     enqueue_many(jobs.record.bind(f"b{index}") for index in range(3))
     assert Job.objects.filter(queue="default").count() == 4
+
+
+@db
+def test_a_pause_made_elsewhere_holds_for_claims_that_start_pause_check_after_it(monkeypatch):
+    monkeypatch.setattr(claims, "PAUSE_CHECK", 0.3)
+    first, second = jobs.record.enqueue("a"), jobs.record.enqueue("b")
+    assert claims.paused(connection.alias) == frozenset()
+    # Another process pauses the queue: this one is not told, and reads it again when its read is PAUSE_CHECK old.
+    PausedQueue.objects.create(queue="default", paused_at=timezone.now())
+    assert Job.objects.reserve(["default"]).pk == first.pk
+    time.sleep(claims.PAUSE_CHECK)
+    assert claims.paused(connection.alias) == frozenset({"default"})
+    assert Job.objects.reserve(["default"]) is None
+    assert Job.objects.reserve_many(["default"], limit=5) == []
+    # A resume made in this process is seen by its next claim.
+    pauses.resume("default")
+    assert Job.objects.reserve(["default"]).pk == second.pk
 
 
 @db
@@ -434,8 +451,10 @@ def test_workers_leave_a_paused_queue_alone_while_they_drain_another_and_drain_i
     workers = [worker_process("--queue", "reports,default", "--sleep", "0.05") for _ in range(2)]
     for process in workers:
         process.wait_for_output("worker started")
-    # Paused while the workers run, then filled at once: their next claims must skip it.
+    # Paused while the workers run; once their processes' reads of the paused queues are
+    # PAUSE_CHECK old, filled at once: every claim must skip it.
     pauses.pause("reports", force=True)
+    time.sleep(claims.PAUSE_CHECK)
     enqueue_many(jobs.record.using(queue="reports").bind(f"reports-{index}") for index in range(size))
     enqueue_many(jobs.record.bind(f"default-{index}") for index in range(size))
     wait_until(lambda: total_runs("default-") == size, 60, "the workers did not drain the queue 'default'")
@@ -469,6 +488,7 @@ def test_a_job_running_when_its_queue_is_paused_finishes_and_the_next_waits(work
     jobs.sleep_then_record.using(queue="reports").enqueue("running", 2)
     wait_until(lambda: Job.objects.filter(queue="reports", reserved_at__isnull=False).exists(), 30, "never started")
     pauses.pause("reports")
+    time.sleep(claims.PAUSE_CHECK)
     jobs.record.using(queue="reports").enqueue("waiting")
     wait_until(lambda: Run.objects.filter(key="running").exists(), 30, "the running job did not finish")
     time.sleep(1)
