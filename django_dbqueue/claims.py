@@ -93,6 +93,8 @@ def claim(using: str, queues: Sequence[str], limit: int, worker_id: str) -> list
 PAUSE_CHECK = 0.5
 _paused: dict[str, tuple[float, frozenset[str]]] = {}
 _paused_lock = threading.Lock()
+# Bumped by forget_paused: a read that started before it is not kept.
+_paused_generation = 0
 
 
 def paused(using: str) -> frozenset[str]:
@@ -100,16 +102,26 @@ def paused(using: str) -> frozenset[str]:
     now = time.monotonic()
     read = _paused.get(using)
     if read is None or now - read[0] >= PAUSE_CHECK:
+        generation = _paused_generation
         # The clock is read before the query, so the read is never older than it says.
         read = (now, frozenset(PausedQueue.objects.using(using).values_list("queue", flat=True)))
         with _paused_lock:
-            _paused[using] = read
+            if generation == _paused_generation:
+                _paused[using] = read
     return read[1]
 
 
-def forget_paused() -> None:
-    """Read the paused queues again at this process's next claim (after a pause or resume made here)."""
+def forget_paused(queues: Iterable[str] | None = None) -> None:
+    """Read the paused queues again at this process's next claim: after a pause or
+    resume made here, or, given ``queues`` (PostgreSQL notifications: a resume sends
+    one), if one of them was paused when last read."""
+    global _paused_generation
     with _paused_lock:
+        if queues is not None:
+            named = set(queues)
+            if not any(named & read for _, read in _paused.values()):
+                return
+        _paused_generation += 1
         _paused.clear()
 
 

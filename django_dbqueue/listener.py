@@ -75,15 +75,20 @@ class Listener:
         raw = connection.connection
         if raw is None:
             return 0
-        count = 0
+        queues: list[str] = []
         try:
             raw.pgconn.consume_input()
-            while raw.pgconn.notifies() is not None:
-                count += 1
+            while (notification := raw.pgconn.notifies()) is not None:
+                queues.append(notification.extra.decode(errors="replace"))
         except Exception as exc:  # noqa: BLE001 - a broken socket: the next reserve reconnects
             logger.debug("reading notifications failed: %s", exc)
             self._forget()
-        return count
+        if queues:
+            from .claims import forget_paused
+
+            # A resume notifies its queue: the next claim reads the paused queues again.
+            forget_paused(queues)
+        return len(queues)
 
     def _forget(self) -> None:
         """LISTEN again on the next wait; a connection of its own is opened afresh (the

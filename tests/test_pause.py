@@ -192,20 +192,44 @@ def test_enqueueing_into_a_paused_queue_works():
 
 
 @db
-def test_a_pause_made_elsewhere_holds_for_claims_that_start_pause_check_after_it(monkeypatch):
-    monkeypatch.setattr(claims, "PAUSE_CHECK", 0.3)
+def test_a_pause_made_elsewhere_holds_for_claims_that_start_pause_check_after_it():
     first, second = jobs.record.enqueue("a"), jobs.record.enqueue("b")
     assert claims.paused(connection.alias) == frozenset()
     # Another process pauses the queue: this one is not told, and reads it again when its read is PAUSE_CHECK old.
     PausedQueue.objects.create(queue="default", paused_at=timezone.now())
     assert Job.objects.reserve(["default"]).pk == first.pk
-    time.sleep(claims.PAUSE_CHECK)
+    read_at, read = claims._paused[connection.alias]
+    claims._paused[connection.alias] = (read_at - claims.PAUSE_CHECK, read)
     assert claims.paused(connection.alias) == frozenset({"default"})
     assert Job.objects.reserve(["default"]) is None
     assert Job.objects.reserve_many(["default"], limit=5) == []
     # A resume made in this process is seen by its next claim.
     pauses.resume("default")
     assert Job.objects.reserve(["default"]).pk == second.pk
+
+
+@db
+def test_a_notification_naming_a_queue_read_as_paused_makes_the_next_claim_read_again():
+    PausedQueue.objects.create(queue="reports", paused_at=timezone.now())
+    assert claims.paused(connection.alias) == frozenset({"reports"})
+    PausedQueue.objects.all().delete()
+    claims.forget_paused(["default", "emails"])  # new jobs elsewhere: the read stands
+    assert claims.paused(connection.alias) == frozenset({"reports"})
+    claims.forget_paused(["reports"])  # the resume's NOTIFY
+    assert claims.paused(connection.alias) == frozenset()
+
+
+@db
+def test_a_worker_whose_first_queue_is_paused_finishes_its_batch_and_claims_from_the_next():
+    jobs.record.enqueue("a")
+    done = Job.objects.reserve_many(["default"], limit=1, worker_id="w")
+    jobs.record.enqueue("b")
+    low = jobs.record.using(queue="low").enqueue("c")
+    pauses.pause("default", force=True)
+    deleted, claimed = Job.objects.finish_and_reserve(done, ["default", "low"], limit=5, worker_id="w")
+    assert deleted == {job.pk for job in done} and len(done) == 1
+    assert [job.pk for job in claimed] == [low.pk]
+    assert list(Job.objects.filter(queue="default").values_list("attempts", flat=True)) == [0]
 
 
 @db
@@ -454,7 +478,7 @@ def test_workers_leave_a_paused_queue_alone_while_they_drain_another_and_drain_i
     # Paused while the workers run; once their processes' reads of the paused queues are
     # PAUSE_CHECK old, filled at once: every claim must skip it.
     pauses.pause("reports", force=True)
-    time.sleep(claims.PAUSE_CHECK)
+    time.sleep(claims.PAUSE_CHECK + 0.5)
     enqueue_many(jobs.record.using(queue="reports").bind(f"reports-{index}") for index in range(size))
     enqueue_many(jobs.record.bind(f"default-{index}") for index in range(size))
     wait_until(lambda: total_runs("default-") == size, 60, "the workers did not drain the queue 'default'")
@@ -488,7 +512,7 @@ def test_a_job_running_when_its_queue_is_paused_finishes_and_the_next_waits(work
     jobs.sleep_then_record.using(queue="reports").enqueue("running", 2)
     wait_until(lambda: Job.objects.filter(queue="reports", reserved_at__isnull=False).exists(), 30, "never started")
     pauses.pause("reports")
-    time.sleep(claims.PAUSE_CHECK)
+    time.sleep(claims.PAUSE_CHECK + 0.5)
     jobs.record.using(queue="reports").enqueue("waiting")
     wait_until(lambda: Run.objects.filter(key="running").exists(), 30, "the running job did not finish")
     time.sleep(1)

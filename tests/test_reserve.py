@@ -228,15 +228,10 @@ def test_both_postgresql_statements_claim_by_priority_then_age_and_skip_delayed_
     assert Job.objects.delayed().count() == len(delayed)
 
 
-def test_both_postgresql_statements_skip_paused_queues_and_blocked_rows(walk):
-    from django_dbqueue import pauses
-
+def test_both_postgresql_statements_skip_blocked_rows(walk):
     blocked = jobs.add.enqueue(1, 1)
     Job.objects.filter(pk=blocked.pk).update(blocked=True)
     free = jobs.add.enqueue(2, 2)
-    pauses.pause("default", force=True)
-    assert Job.objects.reserve(["default"]) is None
-    pauses.resume("default")
     assert Job.objects.reserve(["default"]).pk == free.pk
     assert Job.objects.reserve(["default"]) is None
 

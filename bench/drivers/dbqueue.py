@@ -192,11 +192,12 @@ def explain_claim() -> str:
     SKIP LOCKED) RETURNING), with the claim's own SQL and parameters, rolled back."""
     from django.db import connection, transaction
 
-    from django_dbqueue.models import _claim_sql
+    from django_dbqueue.claims import claim_params, claim_sql
 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING ON) " + _claim_sql(connection), ["bench:explain:0", "default", 1]
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING ON) " + claim_sql(connection),
+            claim_params("bench:explain:0", "default", 1),
         )
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
