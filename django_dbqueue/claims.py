@@ -36,7 +36,7 @@ from django.db import connections, transaction
 from django.db.models import Case, F, Value, When
 
 from . import concurrency, rates
-from .db import DbNow, bound_cursor, cached_sql, claims_with_skip_locked
+from .db import DbNow, bound_cursor, claims_with_skip_locked
 from .models import FlowLimit, Job, JobQuerySet, PausedQueue, sql_names
 
 logger = logging.getLogger("django_dbqueue")
@@ -135,12 +135,23 @@ def claim_queue(using: str, queue: str, limit: int, worker_id: str) -> list[Job]
         jobs = _claim_locked(using, queue, limit, worker_id)
     else:
         jobs = _claim_cas(using, queue, limit, worker_id)
-    return plain_claimed(queue, jobs)
+    return plain_claimed(using, queue, jobs)
 
 
-def plain_claimed(queue: str, jobs: list[Job]) -> list[Job]:
+def plain_claimed(using: str, queue: str, jobs: list[Job]) -> list[Job]:
     """The jobs a plain claim of ``queue`` may run: one that uses a concurrency key or a
-    rate limit is given back unrun, and ``queue`` takes the flow claim from now on."""
+    rate limit is given back unrun, and ``queue`` takes the flow claim from now on.
+    A job whose unique key was held only until its start (a statement that did not
+    clear it, see ``clears_unique_keys``) has it freed now, before it runs."""
+    started = [job.pk for job in jobs if job.unique_until_start and job.unique_key is not None]
+    if started:
+        Job.objects.get_queryset().using(using).filter(pk__in=started, unique_until_start=True).update(unique_key=None)
+        for job in jobs:
+            if job.pk in started:
+                job.unique_key = None
+        if queue not in _clearing:
+            clear_unique_keys(queue)
+            logger.info("queue=%s holds jobs unique until started: claims free their keys from now on", queue)
     flowed = [job for job in jobs if job.concurrency_key or job.rate_key]
     if not flowed:
         return jobs
@@ -151,6 +162,22 @@ def plain_claimed(queue: str, jobs: list[Job]) -> list[Job]:
     return [job for job in jobs if not (job.concurrency_key or job.rate_key)]
 
 
+# Queues whose plain claims on PostgreSQL free the unique keys of jobs unique
+# "until started" in the claim statement: queues that a definition with that
+# scope names (the worker says so at start), and any queue whose claim returned
+# such a job with its key (``plain_claimed`` frees it then, a statement later).
+# Other queues' claims leave the CASE out: it cost a no-op drain about 2 %.
+_clearing: set[str] = set()
+
+
+def clear_unique_keys(queue: str) -> None:
+    _clearing.add(queue)
+
+
+def clears_unique_keys(queue: str) -> bool:
+    return queue in _clearing
+
+
 # -- the plain claim -------------------------------------------------------
 
 
@@ -158,9 +185,10 @@ def _claim_returning(using: str, queue: str, limit: int, worker_id: str) -> list
     """Claim in one statement (PostgreSQL); see ``claim_sql``."""
     connection = connections[using]
     walk = walks(queue)
+    sql = claim_sql(connection, walk=walk, clear=clears_unique_keys(queue))
     with bound_cursor(connection) as cursor:
         started = time.monotonic()
-        cursor.execute(claim_sql(connection, walk=walk), claim_params(worker_id, queue, limit, walk=walk))
+        cursor.execute(sql, claim_params(worker_id, queue, limit, walk=walk))
         rows = cursor.fetchall()
         timed(queue, walk, time.monotonic() - started)
         return from_claim(using, rows)
@@ -318,7 +346,7 @@ def _reserve_one(using: str, job: Job, worker_id: str) -> bool:
     return bool(updated)
 
 
-def claim_sql(connection: Any, *, walk: bool = False) -> str:
+def claim_sql(connection: Any, *, walk: bool = False, clear: bool = True) -> str:
     """The one-statement claim for PostgreSQL (parameters: ``claim_params``).
 
     It reads the queue's waiting index in one ordered scan, or, with ``walk``,
@@ -330,42 +358,45 @@ def claim_sql(connection: Any, *, walk: bool = False) -> str:
     walk costs about 0.2 ms a claim, a tenth of a no-op job's cost, so a queue
     takes whichever of the two its claims measured faster (see ``walks``). Every
     identifier comes from the model's meta, every value is a parameter.
+
+    With ``clear`` it sets the ``unique_key`` of ``unique_until_start`` rows to
+    NULL; without, ``plain_claimed`` does that after it (see ``clears_unique_keys``).
     """
-    return _walk_sql(connection) if walk else _scan_sql(connection)
+    key = (connection.vendor, walk, clear)
+    text = _CLAIM_SQL.get(key)
+    if text is None:
+        text = _CLAIM_SQL[key] = _claim_update(connection, _walk_candidates if walk else _scan_candidates, clear)
+    return text
 
 
-@cached_sql
-def _scan_sql(connection: Any) -> str:
-    def candidates(n: dict[str, str]) -> str:
-        return (
-            f"SELECT {n['id']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']} "
-            f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
-            f"ORDER BY {n['priority']} DESC, {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED"
-        )
-
-    return _claim_update(connection, candidates)
+# ``claim_sql`` per vendor, walk and clear.
+_CLAIM_SQL: dict[tuple[str, bool, bool], str] = {}
 
 
-@cached_sql
-def _walk_sql(connection: Any) -> str:
-    def candidates(n: dict[str, str]) -> str:
-        top = f"SELECT {n['priority']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']}"
-        return (
-            "WITH RECURSIVE levels (level) AS ("
-            f"({top} ORDER BY {n['priority']} DESC LIMIT 1) "
-            f"UNION ALL SELECT ({top} AND {n['priority']} < levels.level ORDER BY {n['priority']} DESC LIMIT 1) "
-            "FROM levels WHERE levels.level IS NOT NULL) "
-            f"SELECT rows.{n['id']} FROM levels CROSS JOIN LATERAL (SELECT {n['id']} FROM {n['table']} "
-            f"WHERE {n['queue']} = %s AND {n['priority']} = levels.level AND {n['waiting']} "
-            f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
-            f"ORDER BY {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED) AS rows "
-            "WHERE levels.level IS NOT NULL LIMIT %s"
-        )
-
-    return _claim_update(connection, candidates)
+def _scan_candidates(n: dict[str, str]) -> str:
+    return (
+        f"SELECT {n['id']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']} "
+        f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
+        f"ORDER BY {n['priority']} DESC, {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
 
 
-def _claim_update(connection: Any, candidates: Callable[[dict[str, str]], str]) -> str:
+def _walk_candidates(n: dict[str, str]) -> str:
+    top = f"SELECT {n['priority']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']}"
+    return (
+        "WITH RECURSIVE levels (level) AS ("
+        f"({top} ORDER BY {n['priority']} DESC LIMIT 1) "
+        f"UNION ALL SELECT ({top} AND {n['priority']} < levels.level ORDER BY {n['priority']} DESC LIMIT 1) "
+        "FROM levels WHERE levels.level IS NOT NULL) "
+        f"SELECT rows.{n['id']} FROM levels CROSS JOIN LATERAL (SELECT {n['id']} FROM {n['table']} "
+        f"WHERE {n['queue']} = %s AND {n['priority']} = levels.level AND {n['waiting']} "
+        f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
+        f"ORDER BY {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED) AS rows "
+        "WHERE levels.level IS NOT NULL LIMIT %s"
+    )
+
+
+def _claim_update(connection: Any, candidates: Callable[[dict[str, str]], str], clear: bool) -> str:
     """The claim's UPDATE of the rows ``candidates`` selects (given the quoted names), returning them."""
     fields: tuple[str, ...] = ("id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts")
     fields += ("blocked", "unique_key", "unique_until_start")
@@ -373,11 +404,14 @@ def _claim_update(connection: Any, candidates: Callable[[dict[str, str]], str]) 
     n = dict(zip(fields, columns, strict=True), table=table)
     n["waiting"] = f"{n['reserved_at']} IS NULL AND NOT {n['blocked']}"
     returning = ", ".join(sql_names(connection, *(field.name for field in Job._meta.concrete_fields))[1:])
+    unique = (
+        f", {n['unique_key']} = CASE WHEN {n['unique_until_start']} THEN NULL ELSE {n['unique_key']} END"
+        if clear
+        else ""
+    )
     return (
         f"UPDATE {table} SET {n['attempts']} = {n['attempts']} + 1, {n['reserved_at']} = STATEMENT_TIMESTAMP(), "
-        f"{n['reserved_by']} = %s, "
-        f"{n['unique_key']} = CASE WHEN {n['unique_until_start']} THEN NULL ELSE {n['unique_key']} END "
-        f"WHERE {n['id']} IN ({candidates(n)}) RETURNING {returning}"
+        f"{n['reserved_by']} = %s{unique} WHERE {n['id']} IN ({candidates(n)}) RETURNING {returning}"
     )
 
 

@@ -170,7 +170,16 @@ class JobManager(models.Manager["Job"]):
         )
         if not done:
             return set(), reserve()
-        from .claims import claim_params, from_claim, paused, plain_claimed, timed, uses_flow_claim, walks
+        from .claims import (
+            claim_params,
+            clears_unique_keys,
+            from_claim,
+            paused,
+            plain_claimed,
+            timed,
+            uses_flow_claim,
+            walks,
+        )
 
         using = self.get_queryset().db
         if (
@@ -187,7 +196,7 @@ class JobManager(models.Manager["Job"]):
         with bound_cursor(connection) as cursor:
             started = time.monotonic()
             cursor.execute(
-                _finish_and_claim_sql(connection, walk),
+                _finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0])),
                 [
                     *([job.pk for job in done], [job.attempts for job in done]),
                     *claim_params(worker_id, queues[0], limit, walk=walk),
@@ -196,7 +205,7 @@ class JobManager(models.Manager["Job"]):
             rows = cursor.fetchall()
             timed(queues[0], walk, time.monotonic() - started)
         deleted = set(rows[0][0])
-        jobs = plain_claimed(queues[0], from_claim(using, [row[1:] for row in rows if row[1] is not None]))
+        jobs = plain_claimed(using, queues[0], from_claim(using, [row[1:] for row in rows if row[1] is not None]))
         if not jobs:
             # The first queue is empty: the others, then as ``reserve_many``.
             from .claims import claim
@@ -569,7 +578,7 @@ def _delete_sql(connection: Any) -> str:
     )
 
 
-def _finish_and_claim_sql(connection: Any, walk: bool) -> str:
+def _finish_and_claim_sql(connection: Any, walk: bool, clear: bool) -> str:
     """PostgreSQL: ``_delete_sql`` and ``claims.claim_sql`` in one statement and one transaction.
 
     Each row holds the array of deleted ids, then a claimed row's columns; when
@@ -577,20 +586,20 @@ def _finish_and_claim_sql(connection: Any, walk: bool) -> str:
     same snapshot; they never touch the same rows (one deletes rows this worker
     holds, the other claims rows nobody does).
     """
-    key = (connection.vendor, walk)
+    key = (connection.vendor, walk, clear)
     text = _FINISH_AND_CLAIM.get(key)
     if text is None:
         from .claims import claim_sql
 
         text = _FINISH_AND_CLAIM[key] = (
-            f"WITH done AS ({_delete_sql(connection)}), claimed AS ({claim_sql(connection, walk=walk)}) "
+            f"WITH done AS ({_delete_sql(connection)}), claimed AS ({claim_sql(connection, walk=walk, clear=clear)}) "
             "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
         )
     return text
 
 
-# ``_finish_and_claim_sql`` per vendor, with and without the priority walk.
-_FINISH_AND_CLAIM: dict[tuple[str, bool], str] = {}
+# ``_finish_and_claim_sql`` per vendor, walk and clear (see ``claims.claim_sql``).
+_FINISH_AND_CLAIM: dict[tuple[str, bool, bool], str] = {}
 
 
 def _slots_freed(using: str, jobs: Iterable[Job]) -> None:

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import chains, conf, handles, progress, registry, signals, workers
-from .claims import retry_in, use_flow_claim
+from . import chains, conf, handles, progress, registry, signals, unique, workers
+from .claims import clear_unique_keys, retry_in, use_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute, outcome_of
@@ -188,6 +188,8 @@ class Worker:
         for definition in registry.all_definitions().values():
             if definition.uses_limits:
                 use_flow_claim(definition.effective_queue)
+            if unique.scope(definition) == unique.UNTIL_STARTED:
+                clear_unique_keys(definition.effective_queue)
         logger.info(
             "worker started worker_id=%s queues=%s%s",
             self.worker_id,

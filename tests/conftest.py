@@ -95,14 +95,17 @@ class WorkerProcess:
 
 
 @pytest.fixture(autouse=True)
-def _paused_queues_read_afresh() -> Iterator[None]:
-    """Claims cache the paused queues for half a second (claims.PAUSE_CHECK); a test's
-    pauses are rolled back with it, so no test claims with the previous one's."""
-    from django_dbqueue.claims import forget_paused
+def _claims_start_afresh() -> Iterator[None]:
+    """Claims cache the paused queues for half a second (claims.PAUSE_CHECK), and learn
+    which queues hold jobs unique until started; a test's rows are rolled back with
+    it, so no test claims with what the previous one left."""
+    from django_dbqueue import claims
 
-    forget_paused()
+    claims.forget_paused()
+    claims._clearing.clear()
     yield
-    forget_paused()
+    claims.forget_paused()
+    claims._clearing.clear()
 
 
 @pytest.fixture

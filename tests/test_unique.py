@@ -376,6 +376,24 @@ def test_until_started_the_key_is_freed_when_a_worker_claims_the_job():
     assert not record_until_started.enqueue("a").enqueued
 
 
+def test_the_first_claim_of_an_until_started_job_frees_its_key_before_it_runs_and_later_claims_free_it_at_once():
+    from django_dbqueue import claims
+
+    first = record_until_started.enqueue("a")
+    assert not claims.clears_unique_keys("default")
+    assert reserve().unique_key is None and Job.objects.get(pk=first.id).unique_key is None
+    # PostgreSQL's claim statement leaves the CASE out until its queue is known to hold such jobs:
+    # the key was freed a statement later, before the job ran. The other databases' claims always free it.
+    assert claims.clears_unique_keys("default") is (connection.vendor == "postgresql")
+    second = record_until_started.enqueue("a")
+    assert second.enqueued
+    with CaptureQueriesContext(connection) as queries:
+        assert reserve().unique_key is None
+    assert Job.objects.get(pk=second.id).unique_key is None
+    # The claim's own UPDATE freed it: no second statement.
+    assert len([query for query in queries if query["sql"].startswith("UPDATE")]) == 1, queries.captured_queries
+
+
 def test_a_worker_runs_a_unique_job_and_the_next_enqueue_is_stored():
     record_unique.enqueue("a")
     run_worker()
@@ -390,7 +408,11 @@ def test_with_a_real_worker_the_key_is_free_again_per_scope(worker_process, scop
     napping = jobs.nap.using(unique=scope)
     first = napping.enqueue("scope", 1.5)
     worker = worker_process("--sleep", "0.05")
-    wait_until(lambda: Job.objects.filter(pk=first.id, reserved_at__isnull=False).exists(), 30, worker.output())
+    # Running: reserved, and (until started) its key freed, which a claim does before the job runs.
+    running = Job.objects.filter(pk=first.id, reserved_at__isnull=False)
+    if scope == "until_started":
+        running = running.filter(unique_key__isnull=True)
+    wait_until(running.exists, 30, worker.output())
     while_running = napping.enqueue("scope", 1.5)
     if scope == "until_started":
         assert while_running.enqueued
