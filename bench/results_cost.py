@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,22 +52,29 @@ def env(tree: Path, results: bool) -> dict[str, str]:
     }
 
 
-def drain(tree: Path, results: bool, jobs: int) -> float:
-    """Jobs/s of one worker draining ``jobs`` no-op jobs (its start-up, about a second, excluded)."""
+def drain(tree: Path, results: bool, jobs: int) -> tuple[float, float]:
+    """Jobs/s of one worker draining ``jobs`` no-op jobs (its start-up, about a second, excluded),
+    and the worker process's CPU time per job in microseconds (less exposed to a shared
+    host's noise than the wall clock; the database server's share is not in it)."""
     recreate_database()
     subprocess.run([sys.executable, "-c", ENQUEUE.format(jobs=jobs)], env=env(tree, results), cwd=tree, check=True)
     # Every drain starts from a clean checkpoint: one falling inside a drain cost it up to a fifth.
     with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
         conn.execute("CHECKPOINT")
     worker = [sys.executable, "-m", "django", "queue_work", "--stop-when-empty", "--sleep", "0", "-v", "0"]
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu()
     subprocess.run(worker, env=env(tree, results), cwd=tree, check=True)
-    total = time.monotonic() - started
+    total, total_cpu = time.monotonic() - started, _children_cpu() - cpu
     # Start-up and shut-down of an empty worker, to take away.
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu()
     subprocess.run(worker, env=env(tree, results), cwd=tree, check=True)
-    idle = time.monotonic() - started
-    return jobs / max(total - idle, 1e-6)
+    idle, idle_cpu = time.monotonic() - started, _children_cpu() - cpu
+    return jobs / max(total - idle, 1e-6), (total_cpu - idle_cpu) / jobs * 1e6
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -82,20 +90,27 @@ def main() -> None:
     variants = [(name, tree, False) for name, tree in trees.items()]
     variants += [(name, trees[name], True) for name in args.results]
     rates: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
     for repeat in range(args.repeat):
         # Each variant goes first in turn: the machine's state drifts within a run.
         shift = repeat % len(variants)
         for name, tree, results in variants[shift:] + variants[:shift]:
             label = f"{name} results={'on' if results else 'off'}"
-            rate = drain(tree, results, args.jobs)
+            rate, cpu = drain(tree, results, args.jobs)
             rates.setdefault(label, []).append(rate)
-            print(f"repeat {repeat + 1}: {label}: {rate:,.0f} jobs/s", flush=True)
+            cpus.setdefault(label, []).append(cpu)
+            print(f"repeat {repeat + 1}: {label}: {rate:,.0f} jobs/s, worker CPU {cpu:.1f} us a job", flush=True)
     print(f"\n{args.jobs:,} no-op jobs, one worker (--batch 10), PostgreSQL; median of {args.repeat}:")
     order = [f"{name} results={'on' if results else 'off'}" for name, _, results in variants]
     medians = {label: statistics.median(rates[label]) for label in order}
     first = next(iter(medians.values()))
+    first_cpu = statistics.median(cpus[order[0]])
     for label, rate in medians.items():
-        print(f"  {label:<28} {rate:8,.0f} jobs/s  {rate / first - 1:+6.1%}  {1000 / rate:.3f} ms per job")
+        cpu = statistics.median(cpus[label])
+        print(
+            f"  {label:<28} {rate:8,.0f} jobs/s  {rate / first - 1:+6.1%}  {1000 / rate:.3f} ms per job  "
+            f"worker CPU {cpu:5.1f} us a job {cpu / first_cpu - 1:+6.1%}"
+        )
 
 
 if __name__ == "__main__":
