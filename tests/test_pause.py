@@ -522,3 +522,23 @@ def test_a_job_running_when_its_queue_is_paused_finishes_and_the_next_waits(work
     wait_until(lambda: Run.objects.filter(key="waiting").exists(), 30, "the resumed queue was not served")
     process.signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0, process.output()
+
+
+@pytest.mark.one_django
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    "os.environ.get('DBQUEUE_TEST_DB', 'sqlite') != 'postgres'",
+    reason="LISTEN/NOTIFY is PostgreSQL's; other databases poll",
+)
+def test_a_resume_wakes_an_idle_listening_worker_which_reads_the_pause_again_and_claims_at_once(worker_process):
+    pauses.pause("reports", force=True)
+    jobs.record.using(queue="reports").enqueue("resumed")
+    process = worker_process("--queue", "reports", "--sleep", "60")
+    process.wait_for_output("worker started")
+    time.sleep(1)  # idle: its claim found the queue paused, and it waits for a NOTIFY or 60 s
+    assert not Run.objects.filter(key="resumed").exists()
+    started = time.monotonic()
+    pauses.resume("reports")
+    wait_until(lambda: Run.objects.filter(key="resumed").exists(), 20, f"not woken:\n{process.output()}")
+    # Woken by the resume's NOTIFY (which also drops a read of the paused queues younger than PAUSE_CHECK).
+    assert time.monotonic() - started < 5
