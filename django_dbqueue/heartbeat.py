@@ -81,6 +81,10 @@ class Heartbeat:
         self._lock = threading.Lock()
         # id -> (job, monotonic time its reservation was last known fresh)
         self._held: dict[int, tuple[Job, float]] = {}
+        # id -> the monotonic time the next beat's interval counts from, when it is not
+        # the last fresh time: after a failed beat, the retry comes sooner, while the
+        # lease (``lease_safe``) still counts from the last beat that reached the database.
+        self._beat_from: dict[int, float] = {}
         self._wake = threading.Event()
         # When the thread will beat next (monotonic); None while nothing is held.
         self._due: float | None = None
@@ -99,6 +103,7 @@ class Heartbeat:
                 entry = self._held.get(job.pk)
                 if entry is None or entry[0].attempts != job.attempts:
                     self._held[job.pk] = (job, now)
+                    self._beat_from.pop(job.pk, None)
                     sooner = sooner or self._due is None or now + self._interval(job) < self._due
         if self._thread is None:
             self.start()
@@ -112,6 +117,7 @@ class Heartbeat:
             entry = self._held.get(job.pk)
             if entry is not None and entry[0].attempts == job.attempts:
                 del self._held[job.pk]
+                self._beat_from.pop(job.pk, None)
         self._cancels.pop(job.pk, None)
 
     def held(self) -> list[Job]:
@@ -198,7 +204,10 @@ class Heartbeat:
     def _next_beat(self) -> float | None:
         """Monotonic time of the next beat, None when nothing is held (and no row is kept fresh)."""
         with self._lock:
-            self._due = min((fresh + self._interval(job) for job, fresh in self._held.values()), default=None)
+            self._due = min(
+                (self._beat_from.get(job.pk, fresh) + self._interval(job) for job, fresh in self._held.values()),
+                default=None,
+            )
             chores = [due for due in (self._seen_due, self._cancel_due) if due is not None]
             return min([*chores, self._due] if self._due is not None else chores, default=None)
 
@@ -248,6 +257,7 @@ class Heartbeat:
                 entry = self._held.get(job.pk)
                 if entry is None or entry[0].attempts != job.attempts:
                     continue  # dropped meanwhile
+                self._beat_from.pop(job.pk, None)
                 if job.pk in extended:
                     self._held[job.pk] = (job, started)
                 else:
@@ -294,4 +304,5 @@ class Heartbeat:
                 entry = self._held.get(job.pk)
                 if entry is not None and entry[0].attempts == job.attempts:
                     interval = self._interval(job)
-                    self._held[job.pk] = (job, now - interval + min(ERROR_RETRY, interval))
+                    # Not the fresh time: the reservation was not extended.
+                    self._beat_from[job.pk] = now - interval + min(ERROR_RETRY, interval)

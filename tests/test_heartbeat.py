@@ -10,7 +10,7 @@ import time
 import pytest
 from django.db.models import F
 
-from django_dbqueue.heartbeat import Heartbeat, beat_interval
+from django_dbqueue.heartbeat import ERROR_RETRY, Heartbeat, beat_interval
 from django_dbqueue.models import Job
 from tests.conftest import wait_until
 from tests.testapp import jobs
@@ -116,6 +116,23 @@ def test_a_heartbeat_drops_a_job_whose_reservation_is_no_longer_its_own_and_goes
         wait_until(lambda: Job.objects.expired() == [], 10, "the heartbeat stopped beating")
         heartbeat.stop()
     assert any("is no longer this worker's" in record.getMessage() for record in caplog.records)
+
+
+def test_a_failed_beat_brings_the_next_one_sooner_but_the_lease_still_counts_from_the_last_good_one():
+    job = reserved(retry_after=6)
+    heartbeat = Heartbeat("host:1:aaa")
+    heartbeat.hold([job])
+    heartbeat.stop()  # beats by hand from here
+    # The last beat that reached the database was 5.5 s ago, of a 6 s lease (1 s margin): not safe any more.
+    last_good = time.monotonic() - 5.5
+    heartbeat._held[job.pk] = (job, last_good)
+    assert not heartbeat.lease_safe(job)
+    # A beat fails (the database is out of reach): the next comes ERROR_RETRY seconds from now...
+    heartbeat._retry_soon([job])
+    assert heartbeat._next_beat() == pytest.approx(time.monotonic() + ERROR_RETRY, abs=0.5)
+    # ...and the reservation is no fresher for it: a row found gone after this may be another worker's doing.
+    assert not heartbeat.lease_safe(job)
+    assert heartbeat._held[job.pk][1] == last_good
 
 
 def test_a_short_job_never_opens_a_heartbeat_connection():
