@@ -94,6 +94,13 @@ class WorkerProcess:
         self._log.close()
 
 
+# Tests of the PostgreSQL LISTEN/NOTIFY wake-up.
+needs_listen = pytest.mark.skipif(
+    os.environ.get("DBQUEUE_TEST_DB", "sqlite") != "postgres",
+    reason="LISTEN/NOTIFY is PostgreSQL's; other databases poll",
+)
+
+
 @pytest.fixture(autouse=True)
 def _claims_start_afresh() -> Iterator[None]:
     """Claims cache the paused queues for half a second (claims.PAUSE_CHECK), and learn

@@ -27,7 +27,7 @@ from django_dbqueue import claims, enqueue_many, operations, pauses, registry
 from django_dbqueue.exceptions import UnknownQueue
 from django_dbqueue.models import Job, PausedQueue
 from django_dbqueue.signals import queue_paused, queue_resumed
-from tests.conftest import wait_until
+from tests.conftest import needs_listen, wait_until
 from tests.test_admin import admin, make_failed, staff  # noqa: F401 - fixtures and a helper
 from tests.test_operations_commands import worker_row
 from tests.testapp import jobs
@@ -526,10 +526,7 @@ def test_a_job_running_when_its_queue_is_paused_finishes_and_the_next_waits(work
 
 @pytest.mark.one_django
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(
-    "os.environ.get('DBQUEUE_TEST_DB', 'sqlite') != 'postgres'",
-    reason="LISTEN/NOTIFY is PostgreSQL's; other databases poll",
-)
+@needs_listen
 def test_a_resume_wakes_an_idle_listening_worker_which_reads_the_pause_again_and_claims_at_once(worker_process):
     pauses.pause("reports", force=True)
     jobs.record.using(queue="reports").enqueue("resumed")

@@ -15,7 +15,7 @@ from django_dbqueue import enqueue_many, signals
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import Job
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
-from tests.conftest import run_worker, wait_until
+from tests.conftest import needs_listen, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
@@ -161,10 +161,7 @@ def test_job_succeeded_is_sent_once_the_batchs_delete_removed_the_row():
 
 @pytest.mark.acceptance
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(
-    "os.environ.get('DBQUEUE_TEST_DB', 'sqlite') != 'postgres'",
-    reason="LISTEN/NOTIFY is PostgreSQL's; other databases poll",
-)
+@needs_listen
 def test_an_idle_worker_is_woken_by_notify_long_before_its_next_poll(worker_process):
     process = worker_process("--sleep", "60")
     process.wait_for_output("worker started")
