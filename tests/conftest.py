@@ -186,10 +186,20 @@ def kill_other_connections() -> int:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
-            return int(cursor.fetchone()[0])
+            pids = [row[0] for row in cursor.fetchall()]
+            for pid in pids:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            # pg_terminate_backend only signals: wait until the sessions are gone, as
+            # after a restart, or a client could still use one for a statement or two.
+            deadline = time.monotonic() + 10
+            while pids and time.monotonic() < deadline:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+                if not cursor.fetchone()[0]:
+                    break
+                time.sleep(0.01)
+            return len(pids)
         cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
         ids = [row[0] for row in cursor.fetchall()]
         for session in ids:
