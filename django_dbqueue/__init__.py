@@ -16,11 +16,16 @@ from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
 # Names whose modules import the models: loaded on first use, so importing
 # ``django_dbqueue`` (for ``@job``) works before the app registry is ready.
 _LAZY = {
+    "Batch": "batches",
+    "BatchClosed": "batches",
+    "BatchHandle": "batches",
     "Chain": "chains",
     "JobHandle": "handles",
     "JobStatus": "handles",
     "aget_job": "handles",
+    "batch": "batches",
     "chain": "chains",
+    "get_batch": "batches",
     "get_job": "handles",
     "get_progress": "progress",
     "pause_queue": "pauses",
@@ -32,6 +37,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "Batch",
+    "BatchClosed",
+    "BatchHandle",
     "Chain",
     "JobCall",
     "JobCancelled",
@@ -46,8 +54,10 @@ __all__ = [
     "Snooze",
     "UnknownQueue",
     "aget_job",
+    "batch",
     "chain",
     "enqueue_many",
+    "get_batch",
     "get_job",
     "get_progress",
     "job",

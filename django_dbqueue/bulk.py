@@ -57,6 +57,8 @@ class NewJob(NamedTuple):
     delay: float
     # None: the job uses no flow control (its flow columns are NULL).
     flow: Flow | None = None
+    # The batch the job is a member of (batches.py), or None.
+    batch_id: int | None = None
 
     def to_job(self) -> Job:
         """Return an unsaved ``Job`` whose times are the database's clock when it is saved."""
@@ -71,6 +73,7 @@ class NewJob(NamedTuple):
             timeout=self.timeout,
             available_at=now + timedelta(seconds=self.delay) if self.delay > 0 else now,
             created_at=now,
+            batch_id=self.batch_id,
             **(self.flow._asdict() if self.flow else {}),
         )
         job._state.db = alias()
@@ -121,6 +124,7 @@ _COLUMNS = (
     "blocked",
     "rate_key",
     "rate_limit",
+    "batch_id",
 )
 # The NewJob fields stored as they are (``delay`` becomes available_at, ``flow`` its columns).
 _PER_ROW = NewJob._fields[: NewJob._fields.index("delay")]
@@ -505,11 +509,14 @@ def _statement(
     """
     columns = list(zip(*batch, strict=True))  # NewJob rows to columns
     params = [encode(column) for encode, column in zip(_ENCODERS, columns, strict=False)]
+    members = any(new.batch_id for new in batch)
+    if members:
+        params.append(_int_array([new.batch_id for new in batch]))
     if not conflict and not any(new.flow for new in batch):
-        return _unnest_insert(connection), params
+        return _unnest_insert(connection, batch=members), params
     flows = [new.flow or _NO_FLOW for new in batch]
     params += [encode(column) for encode, column in zip(_FLOW_ENCODERS, zip(*flows, strict=True), strict=True)]
-    return _unnest_insert(connection, flow=True, conflict=conflict), params
+    return _unnest_insert(connection, flow=True, conflict=conflict, batch=members), params
 
 
 _NO_FLOW = Flow()
@@ -539,6 +546,7 @@ def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at:
             *values,
             *(available_at, None, "", created_at),
             *(unique_key, until_start, concurrency_key, concurrency_limit, False, rate_key, rate_limit),
+            new.batch_id,
         ),
     )
 
@@ -569,25 +577,30 @@ def _fits_table() -> bool:
     return tuple(field.attname for field in Job._meta.concrete_fields) == _COLUMNS
 
 
-def _unnest_insert(connection: BaseDatabaseWrapper, *, flow: bool = False, conflict: str = _PLAIN) -> str:
+def _unnest_insert(
+    connection: BaseDatabaseWrapper, *, flow: bool = False, conflict: str = _PLAIN, batch: bool = False
+) -> str:
     """The INSERT of one batch: one array parameter per ``NewJob`` field (and per
     ``Flow`` field with ``flow``), the times from the server's clock.
 
     Identifiers come from the model's ``_meta``, quoted by the backend. Built
     once per backend (PostgreSQL only, today).
     """
-    key = (connection.vendor, flow, conflict)
+    key = (connection.vendor, flow, conflict, batch)
     sql = _UNNEST_INSERT.get(key)
     if sql is None:
-        sql = _UNNEST_INSERT[key] = _build_unnest_insert(connection, flow, conflict)
+        sql = _UNNEST_INSERT[key] = _build_unnest_insert(connection, flow, conflict, batch)
     return sql
 
 
-# The INSERT's text per database vendor, with and without the flow columns, per conflict handling.
-_UNNEST_INSERT: dict[tuple[str, bool, str], str] = {}
+# The INSERT's text per database vendor, with and without the flow columns, per
+# conflict handling, with and without the batch column.
+_UNNEST_INSERT: dict[tuple[str, bool, str, bool], str] = {}
 
 
-def _build_unnest_insert(connection: BaseDatabaseWrapper, flow: bool, conflict: str = _PLAIN) -> str:
+def _build_unnest_insert(
+    connection: BaseDatabaseWrapper, flow: bool, conflict: str = _PLAIN, batch: bool = False
+) -> str:
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
@@ -598,7 +611,8 @@ def _build_unnest_insert(connection: BaseDatabaseWrapper, flow: bool, conflict: 
     def arrays(names: Sequence[str]) -> str:
         return ", ".join(f"%s::{_array_type(_field(name), connection)}[]" for name in names)
 
-    flow_names = Flow._fields if flow else ()
+    # The batch column's array comes right after the delays (see ``_statement``), then the flow columns'.
+    flow_names: tuple[str, ...] = (*(("batch_id",) if batch else ()), *(Flow._fields if flow else ()))
     names = [
         *_PER_ROW,
         *("attempts", "given_back", "cancel", "exceptions"),
@@ -614,7 +628,7 @@ def _build_unnest_insert(connection: BaseDatabaseWrapper, flow: bool, conflict: 
         "statement_timestamp()",
         *(f"r.{name}" for name in flow_names),
     ]
-    flow_arrays = f", {arrays(flow_names)}" if flow else ""
+    flow_arrays = f", {arrays(flow_names)}" if flow_names else ""
     returning = f"RETURNING {column('id')}, {column('available_at')}, {column('created_at')}"
     on_conflict = ""
     if conflict:

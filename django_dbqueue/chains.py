@@ -5,7 +5,11 @@ A job row's envelope may carry, beside its arguments:
 - ``next``: the remaining steps of its chain, run one after another;
 - ``then``: jobs to enqueue once the last step succeeds;
 - ``on_failure``: a job to enqueue if a step fails for good;
-- ``chain``: ``{"id", "step", "total"}``, for progress.
+- ``chain``: ``{"id", "step", "total"}``, for progress;
+- ``batch_of``: for a batch's callback, the batch's id (``JobContext.batch``).
+
+A chain that is a batch member carries the batch on each step's row
+(``Job.batch_id``): the member ends when its last step does.
 
 Each step is JSON data (name, options, encoded arguments), so a ``FailedJob``
 row shows the steps that did not run, and retrying it resumes the chain.
@@ -39,6 +43,8 @@ def new_job(
     on_failure: dict[str, Any] | None = None,
     chain: dict[str, Any] | None = None,
     check: bool = True,
+    batch_id: int | None = None,
+    batch_of: int | None = None,
 ) -> NewJob:
     """Return the row values of a job that runs ``step``, carrying what follows it.
 
@@ -59,6 +65,8 @@ def new_job(
         envelope["on_failure"] = on_failure
     if chain:
         envelope["chain"] = chain
+    if batch_of is not None:
+        envelope["batch_of"] = batch_of
     for key in ("retry_until", "max_exceptions"):
         if step.get(key) is not None:
             envelope[key] = step[key]
@@ -83,6 +91,7 @@ def new_job(
         timeout=step.get("timeout"),
         delay=float(step.get("delay") or 0),
         flow=flow,
+        batch_id=batch_id,
     )
 
 
@@ -116,9 +125,20 @@ def build_row(
     on_failure: dict[str, Any] | None = None,
     chain: dict[str, Any] | None = None,
     check: bool = True,
+    batch_id: int | None = None,
+    batch_of: int | None = None,
 ) -> Job:
     """Return an unsaved ``Job`` row that runs ``step``, carrying what follows it."""
-    return new_job(step, next_steps=next_steps, then=then, on_failure=on_failure, chain=chain, check=check).to_job()
+    return new_job(
+        step,
+        next_steps=next_steps,
+        then=then,
+        on_failure=on_failure,
+        chain=chain,
+        check=check,
+        batch_id=batch_id,
+        batch_of=batch_of,
+    ).to_job()
 
 
 def _as_call(item: JobCall | JobDefinition[..., Any]) -> JobCall:
@@ -151,8 +171,8 @@ class Chain:
         """Return this chain with a job to enqueue if a step fails for good."""
         return dataclasses.replace(self, failure_callback=_as_call(call))
 
-    def enqueue(self) -> JobHandle:
-        """Store the first step and return its handle; each next one is enqueued when the one before succeeds."""
+    def prepared(self) -> tuple[NewJob, unique.Window | None]:
+        """The first step's row values, carrying the rest, and its ``unique_for`` window."""
         steps = [call.to_step() for call in self.steps]
         new = new_job(
             steps[0],
@@ -161,10 +181,14 @@ class Chain:
             on_failure=self.failure_callback.to_step() if self.failure_callback else None,
             chain={"id": self.id, "step": 1, "total": len(steps)},
         )
+        first = self.steps[0]
+        return new, unique.window_of(first.definition, steps[0].get("flow"), first.args, first.kwargs)
+
+    def enqueue(self) -> JobHandle:
+        """Store the first step and return its handle; each next one is enqueued when the one before succeeds."""
         # As the first step's own enqueue: a unique first step whose key is held
         # stores nothing (the chain with it), and the handle is the holder's.
-        first = self.steps[0]
-        return store(new, unique.window_of(first.definition, steps[0].get("flow"), first.args, first.kwargs))
+        return store(*self.prepared())
 
 
 def chain(*calls: JobCall | JobDefinition[..., Any]) -> Chain:
@@ -205,6 +229,8 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
                     on_failure=data.get("on_failure"),
                     chain=step_info,
                     check=False,
+                    # The next step is the same batch member.
+                    batch_id=job.batch_id,
                 )
             ]
         return [build_row(step, check=False) for step in data.get("then") or []]

@@ -266,6 +266,7 @@ class Prepared:
                 self.args,
                 self.kwargs,
                 self.cancel_probe,
+                _batch_of(self.job, self.envelope),
             )
         return self.context
 
@@ -442,6 +443,7 @@ def _new_context(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     cancel_probe: Callable[[], int] | None = None,
+    batch_id: int | None = None,
 ) -> JobContext:
     return JobContext(
         job_id=job.pk,
@@ -458,7 +460,16 @@ def _new_context(
         args=args,
         kwargs=MappingProxyType(kwargs),
         cancel_probe=cancel_probe,
+        batch_id=batch_id,
     )
+
+
+def _batch_of(job: Job, envelope: dict[str, Any]) -> int | None:
+    """The batch of a member, or of a batch callback."""
+    if job.batch_id:
+        return int(job.batch_id)
+    of = envelope.get("batch_of")
+    return of if isinstance(of, int) else None
 
 
 def _call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -187,7 +187,7 @@ class JobManager(models.Manager["Job"]):
             or not queues
             or queues[0] in paused(using)
             or uses_flow_claim(queues[0])
-            or any(job.concurrency_key for job in done)
+            or any(job.concurrency_key or job.batch_id for job in done)
         ):
             deleted = self.delete_many_reserved(done)
             return deleted, reserve()
@@ -257,10 +257,13 @@ class JobManager(models.Manager["Job"]):
         """
         if not jobs:
             return set()
-        if any(job.concurrency_key for job in jobs):
-            with transaction.atomic(using=self.get_queryset().db):
+        if any(job.concurrency_key or job.batch_id for job in jobs):
+            using = self.get_queryset().db
+            with transaction.atomic(using=using):
                 deleted = self._delete_many(jobs)
-                _slots_freed(self.get_queryset().db, [job for job in jobs if job.pk in deleted])
+                ended = [job for job in jobs if job.pk in deleted]
+                _slots_freed(using, ended)
+                _members_ended(using, succeeded=ended)
             return deleted
         return self._delete_many(jobs)
 
@@ -293,11 +296,13 @@ class JobManager(models.Manager["Job"]):
         transaction, so they exist if and only if the job is gone.
         """
         queryset = self.get_queryset().held(job)
-        if not follow_ups and not job.concurrency_key:
+        if not follow_ups and not job.concurrency_key and not job.batch_id:
             return bool(queryset.delete_now())
         with transaction.atomic(using=queryset.db):
             deleted = queryset.delete_now()
             if deleted:
+                if job.batch_id:
+                    follow_ups = _batch_member_follows(queryset.db, job, follow_ups)
                 self.bulk_enqueue(follow_ups)
                 _slots_freed(queryset.db, [job])
         return bool(deleted)
@@ -347,6 +352,7 @@ class JobManager(models.Manager["Job"]):
                 self.bulk_enqueue(follow_ups)
             failed = FailedJob.objects.using(queryset.db).create(
                 job_id=job.pk,
+                batch_id=job.batch_id,
                 queue=job.queue,
                 name=job.name,
                 payload=job.payload,
@@ -361,6 +367,8 @@ class JobManager(models.Manager["Job"]):
                 failed_at=DbNow(),
             )
             read_back(failed, "failed_at")
+            if job.batch_id:
+                _members_ended(queryset.db, failed=[job])
             return failed
 
     # -- cancel --------------------------------------------------------------
@@ -612,6 +620,37 @@ def _slots_freed(using: str, jobs: Iterable[Job]) -> None:
         unblock(using, keys)
 
 
+def _members_ended(using: str, *, succeeded: Iterable[Job] = (), failed: Iterable[Job] = ()) -> None:
+    """In the transaction that ended these jobs: move their batches' counters (batches.py)."""
+    from .batches import count_members, members_ended
+
+    done, lost = count_members(succeeded), count_members(failed)
+    if done or lost:
+        members_ended(using, succeeded=done, failed=lost)
+
+
+def _batch_member_follows(using: str, job: Job, follow_ups: Sequence[Job]) -> Sequence[Job]:
+    """In the transaction that deleted batch member ``job`` (it succeeded): count it
+    ended unless its chain goes on; drop the chain's next step if the batch was
+    cancelled (the member then counts as cancelled). Return the rows to insert."""
+    from collections import Counter
+
+    from .batches import members_ended
+
+    assert job.batch_id is not None
+    follows = [row for row in follow_ups if row.batch_id == job.batch_id]
+    if not follows:
+        members_ended(using, succeeded=Counter({job.batch_id: 1}))
+        return follow_ups
+    cancelled = (
+        JobBatch.objects.using(using).select_for_update().filter(pk=job.batch_id, cancelled_at__isnull=False).exists()
+    )
+    if not cancelled:
+        return follow_ups
+    members_ended(using, cancelled=Counter({job.batch_id: 1}))
+    return [row for row in follow_ups if row.batch_id != job.batch_id]
+
+
 def _send_cancelled(job_id: int, failed: FailedJob) -> None:
     from .signals import job_cancelled
 
@@ -685,6 +724,10 @@ class Job(models.Model):
     # "count/seconds/burst" (rates.py).
     rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     rate_limit = models.CharField(max_length=50, null=True, blank=True)  # noqa: DJ001
+    # The batch this row is a member of (batches.py): its outcome moves the
+    # batch's counters in the same transaction. NULL for jobs outside batches,
+    # which the partial index (migration 0009) leaves out.
+    batch_id = models.BigIntegerField(null=True, blank=True)
 
     objects = JobManager()
 
@@ -832,6 +875,7 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
                     timeout=row.timeout,
                     available_at=DbNow(),
                     created_at=DbNow(),
+                    batch_id=row.batch_id,
                     **_flow_columns(row.payload),
                 )
                 for row in failed
@@ -844,6 +888,10 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
             else:
                 jobs = Job.objects.bulk_enqueue(rows)
             FailedJob.objects.using(self.db).filter(pk__in=[row.pk for row in failed]).delete()
+            if any(row.batch_id for row in failed):
+                from .batches import count_members, members_ended
+
+                members_ended(self.db, retried=count_members(failed))
             # A handle of the failed id follows the job to its new run.
             _retry_pointers([(row.job_id, job) for row, job in zip(failed, jobs, strict=True)])
         from .signals import job_enqueued
@@ -880,13 +928,18 @@ class FailedJob(models.Model):
     error = models.TextField(help_text="The full traceback, or why the job could not run.")
     created_at = models.DateTimeField(help_text="When the job was first enqueued.")
     failed_at = models.DateTimeField()
+    # The batch the job was a member of; a retry puts it back into that batch.
+    batch_id = models.BigIntegerField(null=True, blank=True)
 
     objects = FailedJobManager()
 
     class Meta:
         db_table = "dbqueue_failed_job"
         ordering = ["-failed_at", "-id"]
-        indexes = [models.Index(fields=["failed_at"], name="dbqueue_failed_at")]
+        indexes = [
+            models.Index(fields=["failed_at"], name="dbqueue_failed_at"),
+            models.Index(fields=["batch_id"], name="dbqueue_failed_batch"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} (failed #{self.pk})"
@@ -1151,3 +1204,72 @@ class PausedQueue(models.Model):
 
     def __str__(self) -> str:
         return self.queue
+
+
+class JobBatch(models.Model):
+    """A batch of jobs (batches.py): its counters move in the transactions that end its members.
+
+    ``pending`` counts the members not yet ended: a member that succeeds, fails
+    for good or is cancelled leaves it; a failed member retried comes back.
+    ``total = pending + succeeded + failed + cancelled`` at every commit.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, blank=True, default="")
+    # Members in all: enqueued with the batch and added later.
+    total = models.PositiveIntegerField(default=0)
+    pending = models.PositiveIntegerField(default=0)
+    # Members in FailedJob now (a retry takes one back to pending).
+    failed = models.PositiveIntegerField(default=0)
+    # Members that were still waiting when the batch was cancelled: deleted, never run.
+    cancelled = models.PositiveIntegerField(default=0)
+    allow_failures = models.BooleanField(default=False)
+    # {"then": [step, ...], "on_failure": [...], "on_finish": [...]}: the jobs to
+    # enqueue when the batch finishes or a member fails (JSON steps, as a chain's).
+    callbacks = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    # Set when ``pending`` reaches 0; cleared when a retry brings members back.
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_batch"
+        verbose_name = "batch"
+        verbose_name_plural = "batches"
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["finished_at"], name="dbqueue_batch_finished")]
+        permissions = [("cancel_batch", "Can cancel batches")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(pending__lte=F("total")) & Q(failed__lte=F("total")),
+                name="dbqueue_batch_counts",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name or 'batch'} #{self.pk}"
+
+    @property
+    def succeeded(self) -> int:
+        return self.total - self.pending - self.failed - self.cancelled
+
+    @property
+    def done(self) -> int:
+        """Members that ended, one way or another."""
+        return self.total - self.pending
+
+    @property
+    def percent(self) -> float:
+        """Members ended, as a percent of all (100 for an empty batch)."""
+        return round(100.0 * self.done / self.total, 2) if self.total else 100.0
+
+    @property
+    def state(self) -> str:
+        """``running``, ``finished``, ``failed`` (finished with failures), ``cancelling`` or ``cancelled``."""
+        if self.cancelled_at is not None:
+            return "cancelled" if self.finished_at is not None else "cancelling"
+        if self.finished_at is None:
+            return "running"
+        return "failed" if self.failed else "finished"

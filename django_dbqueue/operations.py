@@ -157,7 +157,10 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
         # before the DELETE, so the rows read are the rows deleted; the DELETE's
         # own condition is what protects a reserved job everywhere, SQLite included.
         rows = list(
-            Job.objects.filter(pk__in=ids, reserved_at__isnull=True).select_for_update().only("id", "name").order_by()
+            Job.objects.filter(pk__in=ids, reserved_at__isnull=True)
+            .select_for_update()
+            .only("id", "name", "batch_id")
+            .order_by()
         )
         if not rows:
             return []
@@ -165,7 +168,17 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
         if unreserved.delete_now() != len(rows):
             kept = set(Job.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
             rows = [row for row in rows if row.pk not in kept]
+        _members_deleted(rows)
     return rows
+
+
+def _members_deleted(rows: Iterable[Job]) -> None:
+    """Batch members deleted by an operator count as cancelled members of their batches."""
+    from .batches import count_members, members_ended
+
+    deleted = count_members(rows)
+    if deleted:
+        members_ended(alias(), cancelled=deleted)
 
 
 def cancel_jobs(ids: Iterable[int], *, hard: bool = False, reason: str = "") -> dict[int, str]:
@@ -340,7 +353,9 @@ def clear_queue(counted: Clearable) -> int:
     # Locked: if a delete signal receiver makes Django select the rows before it
     # deletes them by id, no worker can reserve one in between.
     with transaction.atomic(using=alias()):
+        members = list(jobs.filter(batch_id__isnull=False).select_for_update().only("id", "batch_id").order_by())
         deleted, _ = jobs.select_for_update().delete()
+        _members_deleted(members)
     return deleted
 
 

@@ -187,7 +187,13 @@ def set_progress(
 
 
 def get_progress(key: str) -> dict[str, Any] | None:
-    """Return the progress stored under ``key`` as a dict, or None."""
+    """Return the progress stored under ``key`` as a dict, or None.
+
+    ``batch:<id>`` is a batch's: read from its counters, with ``total``, ``done``,
+    ``pending``, ``failed_members``, ``cancelled_members`` and ``state`` besides.
+    """
+    if key.startswith("batch:"):
+        return _batch_progress(key)
     row = JobProgress.objects.filter(key=key).first()
     if row is None:
         return None
@@ -199,6 +205,31 @@ def get_progress(key: str) -> dict[str, Any] | None:
         "failed": row.failed,
         "error": row.error,
         "updated_at": row.updated_at.isoformat(),
+    }
+
+
+def _batch_progress(key: str) -> dict[str, Any] | None:
+    from .models import JobBatch
+
+    batch_id = key.partition(":")[2]
+    row = JobBatch.objects.filter(pk=int(batch_id)).first() if batch_id.isdigit() else None
+    if row is None:
+        return None
+    finished = row.finished_at is not None
+    return {
+        "key": key,
+        "percent": row.percent,
+        "stage": row.state if finished or row.cancelled_at else f"{row.done} of {row.total} done",
+        "finished": finished,
+        "failed": bool(row.failed),
+        "error": "",
+        "updated_at": (row.finished_at or row.cancelled_at or row.created_at).isoformat(),
+        "total": row.total,
+        "done": row.done,
+        "pending": row.pending,
+        "failed_members": row.failed,
+        "cancelled_members": row.cancelled,
+        "state": row.state,
     }
 
 

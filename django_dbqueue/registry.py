@@ -19,6 +19,7 @@ from . import concurrency, conf, db, payload, rates, signals, unique, validation
 from .exceptions import JobCancelled, JobNotRegistered, Snooze
 
 if TYPE_CHECKING:
+    from .batches import BatchHandle
     from .bulk import Held, NewJob
     from .handles import JobHandle
     from .middleware import MiddlewareEntry
@@ -62,6 +63,17 @@ class JobContext:
     kwargs: Mapping[str, Any] = dataclasses.field(default=MappingProxyType({}), repr=False, compare=False)
     # The level of a cancel request the worker has seen for this run (0: none).
     cancel_probe: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The batch this job is a member of, or whose callback it is (batches.py).
+    batch_id: int | None = None
+
+    @property
+    def batch(self) -> BatchHandle | None:
+        """The job's batch, read now (``batch.is_cancelled``, ``batch.add(...)``); None outside a batch."""
+        if self.batch_id is None:
+            return None
+        from .batches import get_batch
+
+        return get_batch(self.batch_id)
 
     @property
     def cancel_requested(self) -> bool:

@@ -24,3 +24,6 @@ job_cancelled = Signal()
 queue_paused = Signal()
 # A paused queue was resumed (``pauses.resume``): ``queue``.
 queue_resumed = Signal()
+# A batch finished: every member ended (batches.py): ``batch_id``. Sent once the
+# transaction that ended its last member commits; again if a retry reopened it.
+batch_finished = Signal()

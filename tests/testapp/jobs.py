@@ -531,3 +531,43 @@ async def async_attempt_and_wait(key: str, seconds: float) -> None:
 def record_tick(tick: dt.datetime, schedule: str = "") -> None:
     """Run by the periodic schedules of the tests: one row per tick, so a tick run twice cannot insert."""
     Run.objects.create(key=f"tick:{schedule}:{tick.isoformat()}", pid=os.getpid())
+
+
+# -- batches ---------------------------------------------------------------------
+
+
+@job(takes_context=True, tries=1)
+def member(context: JobContext, key: str, fail: bool = False, seconds: float = 0) -> None:
+    """A batch member: records one Run per success (the unique key proves it ran once)."""
+    if seconds:
+        time.sleep(seconds)
+    if fail:
+        raise RuntimeError(f"member {key} fails on purpose")
+    Run.objects.create(key=key, note=str(context.batch_id), pid=os.getpid())
+
+
+@job(takes_context=True, tries=1)
+def batch_callback(context: JobContext, key: str) -> None:
+    """A batch callback: records which batch it ran for (exactly once: the unique key)."""
+    Run.objects.create(key=key, note=str(context.batch_id), pid=os.getpid())
+
+
+@job(takes_context=True, tries=1)
+def add_members(context: JobContext, key: str, count: int) -> None:
+    """A member that adds ``count`` members to its own batch."""
+    assert context.batch is not None
+    context.batch.add(*(member.bind(f"{key}-{i}") for i in range(count)))
+    Run.objects.create(key=key, note=str(context.batch_id), pid=os.getpid())
+
+
+@job(takes_context=True, tries=1)
+def until_batch_cancelled(context: JobContext, key: str, seconds: float) -> None:
+    """A member that stops early once its batch is cancelled; records whether it saw it."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        batch = context.batch
+        if batch is not None and batch.is_cancelled:
+            Run.objects.create(key=key, note="saw cancel", pid=os.getpid())
+            return
+        time.sleep(0.05)
+    Run.objects.create(key=key, note="ran out", pid=os.getpid())

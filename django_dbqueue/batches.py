@@ -1,0 +1,404 @@
+"""Batches: many jobs as one unit, with callbacks when it finishes and progress.
+
+``batch(resize.bind(1), resize.bind(2), ...).then(notify.bind(owner)).enqueue()``
+stores a ``JobBatch`` row and its members in one transaction. A member is a
+job row with ``batch_id`` set (a chain member carries it on each step); when a
+member ends, the transaction that records its outcome moves the batch's
+counters too, so they add up exactly whatever happens to workers:
+
+- a member that succeeds (a chain: its last step) leaves ``pending``;
+- a member that fails for good leaves ``pending`` and joins ``failed``;
+- cancelling the batch deletes its waiting members (``cancelled``); running
+  ones finish, and can read ``context.batch.is_cancelled`` to stop early;
+- retrying a failed member brings it back to ``pending`` and reopens the batch.
+
+Callbacks are enqueued in the transaction that moves the counters, so exactly
+once per event: ``on_failure`` when ``failed`` goes from 0 to 1, ``on_finish``
+when ``pending`` reaches 0, and ``then`` with it if no member is failed (or
+``allow_failures``) and the batch was not cancelled. A batch reopened by a
+retry fires them again when it finishes again. An empty batch is finished when
+it is enqueued (``then`` and ``on_finish`` run).
+
+Counters are moved once per batch per statement that ends members (a worker
+deletes the members it ran in one statement per claim), so the batch row's
+lock is taken once per round trip of each worker, not once per member.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.db.models import F
+
+from .db import DbNow, alias, read_back
+from .models import FailedJob, Job, JobBatch
+
+if TYPE_CHECKING:
+    from .bulk import NewJob
+    from .chains import Chain
+    from .handles import JobHandle
+    from .registry import JobCall, JobDefinition
+    from .unique import Window
+
+logger = logging.getLogger("django_dbqueue")
+
+# The callback kinds, in the order they are enqueued when several fire at once.
+CALLBACKS = ("on_failure", "then", "on_finish")
+
+
+class BatchClosed(Exception):
+    """Members cannot be added: the batch was cancelled or has finished."""
+
+
+# -- declaring and enqueueing --------------------------------------------------
+
+
+def _member(item: Any) -> JobCall | Chain:
+    from .chains import Chain
+    from .registry import JobCall, JobDefinition
+
+    if isinstance(item, JobDefinition):
+        return item.bind()
+    if isinstance(item, (JobCall, Chain)):
+        return item
+    raise TypeError(f"a batch member must be a job call such as my_job.bind(...) or a chain, not {item!r}")
+
+
+def _call(item: Any) -> JobCall:
+    from .registry import JobCall, JobDefinition
+
+    if isinstance(item, JobDefinition):
+        return item.bind()
+    if isinstance(item, JobCall):
+        return item
+    raise TypeError(f"a batch callback must be a job call such as my_job.bind(...), not {item!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Jobs (or chains) that run in parallel as one unit; build it with ``batch(...)``."""
+
+    members: tuple[JobCall | Chain, ...]
+    name: str = ""
+    allow_failures: bool = False
+    callbacks: Mapping[str, tuple[JobCall, ...]] = dataclasses.field(default_factory=dict)
+
+    def _with(self, kind: str, calls: Iterable[JobCall | JobDefinition[..., Any]]) -> Batch:
+        added = (*self.callbacks.get(kind, ()), *map(_call, calls))
+        return dataclasses.replace(self, callbacks={**self.callbacks, kind: added})
+
+    def then(self, *calls: JobCall | JobDefinition[..., Any]) -> Batch:
+        """Return this batch with jobs to enqueue once every member succeeded (see ``allow_failures``)."""
+        return self._with("then", calls)
+
+    def on_failure(self, *calls: JobCall | JobDefinition[..., Any]) -> Batch:
+        """Return this batch with jobs to enqueue when a member first fails for good."""
+        return self._with("on_failure", calls)
+
+    def on_finish(self, *calls: JobCall | JobDefinition[..., Any]) -> Batch:
+        """Return this batch with jobs to enqueue once every member ended, whichever way."""
+        return self._with("on_finish", calls)
+
+    def enqueue(self, *, batch_size: int = 1000) -> BatchHandle:
+        """Store the batch and its members in one transaction (the caller's, if open); return its handle.
+
+        Members are inserted as ``enqueue_many`` inserts jobs. A unique member
+        whose key is held is not stored and not counted.
+        """
+        prepared = [_prepared(member) for member in self.members]
+        steps = {kind: [call.to_step() for call in calls] for kind, calls in self.callbacks.items() if calls}
+        from .chains import check_queue
+
+        for kind_steps in steps.values():
+            for step in kind_steps:
+                check_queue(step["name"], step.get("queue"))
+        with transaction.atomic(using=alias(), savepoint=False):
+            row = JobBatch(
+                name=self.name[:200],
+                allow_failures=self.allow_failures,
+                callbacks=json.dumps(steps, separators=(",", ":")) if steps else "",
+                created_at=DbNow(),
+            )
+            row.save(force_insert=True, using=alias())
+            read_back(row, "created_at")
+            stored = _insert_members(row.pk, prepared, batch_size)
+            added = sum(1 for job in stored if isinstance(job, Job))
+            if added:
+                JobBatch.objects.filter(pk=row.pk).update(total=added, pending=added)
+            else:
+                _finish(row, cancelled=False)
+            row.refresh_from_db()
+        logger.info("enqueued batch id=%s name=%s members=%s", row.pk, row.name or "-", added)
+        return BatchHandle(row)
+
+
+def batch(*members: JobCall | Chain | JobDefinition[..., Any], name: str = "", allow_failures: bool = False) -> Batch:
+    """Return a batch of job calls or chains: ``batch(*(resize.bind(pk) for pk in pks)).then(done.bind()).enqueue()``.
+
+    ``allow_failures``: ``then`` runs when the batch finishes even if members failed.
+    A batch may be empty (it finishes as soon as it is enqueued).
+    """
+    return Batch(tuple(_member(item) for item in members), name=name, allow_failures=allow_failures)
+
+
+def _prepared(member: JobCall | Chain) -> tuple[NewJob, Window | None]:
+    from .chains import Chain
+
+    if isinstance(member, Chain):
+        return member.prepared()
+    return member._prepared()
+
+
+def _insert_members(batch_id: int, prepared: Sequence[tuple[NewJob, Window | None]], batch_size: int) -> list[Any]:
+    from .registry import _store
+
+    if not prepared:
+        return []
+    return _store([(new._replace(batch_id=batch_id), window) for new, window in prepared], batch_size=batch_size)
+
+
+# -- the handle ----------------------------------------------------------------
+
+
+class BatchHandle:
+    """A batch as last read: counts, state and times; ``refresh()`` reads it again."""
+
+    def __init__(self, row: JobBatch) -> None:
+        self._row = row
+
+    def __repr__(self) -> str:
+        return f"<BatchHandle id={self.id} state={self.state} {self.done}/{self.total}>"
+
+    id = property(lambda self: self._row.pk)
+    name = property(lambda self: self._row.name)
+    total = property(lambda self: self._row.total)
+    pending = property(lambda self: self._row.pending)
+    failed = property(lambda self: self._row.failed)
+    cancelled = property(lambda self: self._row.cancelled)
+    succeeded = property(lambda self: self._row.succeeded)
+    done = property(lambda self: self._row.done)
+    percent = property(lambda self: self._row.percent)
+    state = property(lambda self: self._row.state)
+    allow_failures = property(lambda self: self._row.allow_failures)
+
+    @property
+    def created_at(self) -> datetime:
+        return self._row.created_at
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return self._row.finished_at
+
+    @property
+    def cancelled_at(self) -> datetime | None:
+        return self._row.cancelled_at
+
+    @property
+    def finished(self) -> bool:
+        """Every member ended (a reopened batch is not finished until its retried members end)."""
+        return self._row.finished_at is not None
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._row.cancelled_at is not None
+
+    @property
+    def progress_key(self) -> str:
+        """The key of the batch's progress (``get_progress``, the progress view, ``progress_token``)."""
+        return f"batch:{self.id}"
+
+    def refresh(self) -> BatchHandle:
+        self._row.refresh_from_db()
+        return self
+
+    def cancel(self) -> int:
+        """Cancel the batch (see ``cancel``); return how many waiting members were deleted."""
+        count = cancel(self.id)
+        self.refresh()
+        return count
+
+    def add(self, *members: JobCall | Chain | JobDefinition[..., Any], batch_size: int = 1000) -> list[JobHandle]:
+        """Add members (see ``add``); return their handles."""
+        handles = add(self.id, members, batch_size=batch_size)
+        self.refresh()
+        return handles
+
+    def retry_failed(self) -> list[Job]:
+        """Retry the batch's failed members; return the new job rows."""
+        jobs = retry_failed(self.id)
+        self.refresh()
+        return jobs
+
+
+def get_batch(batch_id: int) -> BatchHandle:
+    """The batch with this id; raise ``JobBatch.DoesNotExist`` if there is none (or it was pruned)."""
+    return BatchHandle(JobBatch.objects.get(pk=batch_id))
+
+
+# -- operations ----------------------------------------------------------------
+
+
+def add(
+    batch_id: int, members: Iterable[JobCall | Chain | JobDefinition[..., Any]], *, batch_size: int = 1000
+) -> list[JobHandle]:
+    """Add members to a running batch, in one transaction; raise ``BatchClosed`` if it
+    was cancelled or has finished. A member may add members to its own batch:
+    the batch cannot finish while that member runs."""
+    from .registry import _handles
+
+    prepared = [_prepared(_member(item)) for item in members]
+    with transaction.atomic(using=alias(), savepoint=False):
+        row = JobBatch.objects.select_for_update().filter(pk=batch_id).first()
+        if row is None:
+            raise JobBatch.DoesNotExist(f"there is no batch {batch_id}")
+        if row.cancelled_at is not None or row.finished_at is not None:
+            raise BatchClosed(
+                f"batch {batch_id} was {'cancelled' if row.cancelled_at else 'finished'}: no members can be added"
+            )
+        stored = _insert_members(batch_id, prepared, batch_size)
+        added = sum(1 for job in stored if isinstance(job, Job))
+        if added:
+            JobBatch.objects.filter(pk=batch_id).update(total=F("total") + added, pending=F("pending") + added)
+    return _handles(stored)
+
+
+def cancel(batch_id: int) -> int:
+    """Cancel a batch: its waiting and delayed members are deleted (counted as
+    ``cancelled``) and none is added from now; members that are running finish.
+    Return how many members were deleted (0 if it was cancelled or finished already).
+
+    The batch finishes once its running members end (``on_finish`` runs; ``then``
+    never does).
+    """
+    with transaction.atomic(using=alias()):
+        # The batch row first: an ``add`` waits for this transaction, and then sees the cancel.
+        if not JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=True, finished_at__isnull=True).update(
+            cancelled_at=DbNow()
+        ):
+            return 0
+        # Rows a worker holds are left to it; a claim that commits meanwhile wins over the DELETE.
+        deleted = Job.objects.get_queryset().filter(batch_id=batch_id, reserved_at__isnull=True).delete_now()
+        members_ended(alias(), cancelled=Counter({batch_id: deleted}) if deleted else Counter(), touched={batch_id})
+    logger.info("cancelled batch id=%s waiting_members_deleted=%s", batch_id, deleted)
+    return deleted
+
+
+def retry_failed(batch_id: int) -> list[Job]:
+    """Retry the failed members of a batch (their ``FailedJob`` rows); the batch counts them pending again."""
+    return FailedJob.objects.get_queryset().filter(batch_id=batch_id).retry()
+
+
+def prune(hours: float) -> int:
+    """Delete batches finished more than ``hours`` ago; return how many.
+
+    Their failed members stay in ``FailedJob`` (retried, they run outside any batch).
+    """
+    deleted, _ = JobBatch.objects.filter(finished_at__lt=DbNow() - timedelta(hours=hours)).delete()
+    return deleted
+
+
+# -- bookkeeping: called in the transactions that end members ---------------------
+
+
+def members_ended(
+    using: str,
+    *,
+    succeeded: Counter[int] | None = None,
+    failed: Counter[int] | None = None,
+    cancelled: Counter[int] | None = None,
+    retried: Counter[int] | None = None,
+    touched: Iterable[int] = (),
+) -> None:
+    """Move the counters of the batches whose members just ended (or came back, ``retried``):
+    ``{batch_id: count}`` each. Must run in the transaction that changed the member
+    rows, after it changed them (rows, then batch: the order every path takes).
+
+    Enqueues the callbacks that fire, in the same transaction.
+    """
+    succeeded, failed = succeeded or Counter(), failed or Counter()
+    cancelled, retried = cancelled or Counter(), retried or Counter()
+    ids = sorted({*succeeded, *failed, *cancelled, *retried, *touched})
+    for batch_id in ids:  # in id order: two transactions lock batch rows in the same order
+        ended = succeeded[batch_id] + failed[batch_id] + cancelled[batch_id]
+        back = retried[batch_id]
+        changes: dict[str, Any] = {}
+        if ended or back:
+            changes["pending"] = F("pending") + (back - ended)
+        if failed[batch_id] or back:
+            changes["failed"] = F("failed") + (failed[batch_id] - back)
+        if cancelled[batch_id]:
+            changes["cancelled"] = F("cancelled") + cancelled[batch_id]
+        if back:
+            changes["finished_at"] = None
+        if changes and not JobBatch.objects.using(using).filter(pk=batch_id).update(**changes):
+            logger.warning("batch id=%s is gone (pruned?): its member outcomes are not counted", batch_id)
+            continue
+        row = JobBatch.objects.using(using).filter(pk=batch_id).first()
+        if row is None:
+            continue
+        fire: list[str] = []
+        if failed[batch_id] and row.failed == failed[batch_id]:
+            fire.append("on_failure")  # the batch's first failure (since the last retry of all its failed)
+        if row.pending == 0 and row.finished_at is None and (ended or batch_id in touched):
+            fire += _finish(row, cancelled=row.cancelled_at is not None, enqueue=False)
+        _enqueue_callbacks(using, row, fire)
+
+
+def _finish(row: JobBatch, *, cancelled: bool, enqueue: bool = True) -> list[str]:
+    """Mark ``row`` finished (in the caller's transaction); return the callbacks that fire (and enqueue them)."""
+    using = row._state.db or alias()
+    JobBatch.objects.using(using).filter(pk=row.pk).update(finished_at=DbNow())
+    fire = ["on_finish"]
+    if not cancelled and (row.failed == 0 or row.allow_failures):
+        fire.insert(0, "then")
+    logger.info(
+        "batch finished id=%s name=%s total=%s failed=%s cancelled=%s",
+        row.pk,
+        row.name or "-",
+        row.total,
+        row.failed,
+        row.cancelled,
+    )
+    from .signals import batch_finished
+
+    transaction.on_commit(
+        lambda: batch_finished.send_robust(sender=JobBatch, batch_id=row.pk), using=using, robust=True
+    )
+    if enqueue:
+        _enqueue_callbacks(using, row, fire)
+    return fire
+
+
+def _enqueue_callbacks(using: str, row: JobBatch, kinds: Sequence[str]) -> None:
+    if not kinds or not row.callbacks:
+        return
+    from .chains import build_row
+
+    try:
+        steps = json.loads(row.callbacks)
+    except ValueError as exc:
+        logger.error("batch id=%s has unreadable callbacks, none enqueued: %s", row.pk, exc)
+        return
+    rows = [
+        build_row(step, check=False, batch_of=row.pk)
+        for kind in CALLBACKS
+        if kind in kinds
+        for step in steps.get(kind) or []
+    ]
+    if rows:
+        Job.objects.db_manager(using).bulk_enqueue(rows)
+        logger.info(
+            "batch id=%s callbacks enqueued: %s", row.pk, ", ".join(kind for kind in CALLBACKS if kind in kinds)
+        )
+
+
+def count_members(jobs: Iterable[Any]) -> Counter[int]:
+    """``{batch_id: count}`` of the members among ``jobs`` (rows with ``batch_id``)."""
+    return Counter(job.batch_id for job in jobs if job.batch_id)
