@@ -29,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -286,6 +288,7 @@ def cancel(batch_id: int) -> int:
         # Rows a worker holds are left to it; a claim that commits meanwhile wins over the DELETE.
         deleted = Job.objects.get_queryset().filter(batch_id=batch_id, reserved_at__isnull=True).delete_now()
         members_ended(alias(), cancelled=Counter({batch_id: deleted}) if deleted else Counter(), touched={batch_id})
+    forget_cancelled()
     logger.info("cancelled batch id=%s waiting_members_deleted=%s", batch_id, deleted)
     return deleted
 
@@ -302,6 +305,55 @@ def prune(hours: float) -> int:
     """
     deleted, _ = JobBatch.objects.filter(finished_at__lt=DbNow() - timedelta(hours=hours)).delete()
     return deleted
+
+
+# -- the worker's side ------------------------------------------------------------
+
+# How long a worker trusts its read of the cancelled batches: a member a worker
+# claimed before its batch was cancelled does not start later than this after
+# the cancel committed.
+CANCEL_CHECK = 0.5
+
+_cancelled_lock = threading.Lock()
+_cancelled: dict[str, tuple[float, frozenset[int]]] = {}
+
+
+def cancelled_lately(batch_id: int, using: str | None = None) -> bool:
+    """Tell whether batch ``batch_id`` is cancelled and not yet finished, as read at
+    most ``CANCEL_CHECK`` seconds ago by this process (one query per period, only by
+    workers that start batch members)."""
+    using = using or alias()
+    now = time.monotonic()
+    with _cancelled_lock:
+        read = _cancelled.get(using)
+    if read is None or now - read[0] >= CANCEL_CHECK:
+        ids = frozenset(
+            JobBatch.objects.using(using)
+            .filter(cancelled_at__isnull=False, finished_at__isnull=True)
+            .values_list("pk", flat=True)
+        )
+        read = (now, ids)
+        with _cancelled_lock:
+            _cancelled[using] = read
+    return batch_id in read[1]
+
+
+def forget_cancelled() -> None:
+    """Read the cancelled batches afresh at the next ``cancelled_lately`` (tests, ``cancel``)."""
+    with _cancelled_lock:
+        _cancelled.clear()
+
+
+def skip_member(job: Job) -> bool:
+    """End a claimed member of a cancelled batch without running it: delete its row
+    (if its reservation is still ``job``'s) and count it cancelled, in one transaction."""
+    assert job.batch_id is not None
+    using = alias()
+    with transaction.atomic(using=using):
+        if not Job.objects.get_queryset().held(job).delete_now():
+            return False
+        members_ended(using, cancelled=Counter({job.batch_id: 1}))
+    return True
 
 
 # -- bookkeeping: called in the transactions that end members ---------------------

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import chains, conf, handles, progress, registry, signals, unique, workers
+from . import batches, chains, conf, handles, progress, registry, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
@@ -339,6 +339,8 @@ class Worker:
         self.heartbeat.hold(jobs)
         runnable = []
         for job in jobs:
+            if self._skipped(job):
+                continue
             self._begin(job)
             if job.cancel:
                 self._conclude(job, self._cancelled_before(job))
@@ -582,10 +584,37 @@ class Worker:
         reservation expire. A job that succeeded with nothing to enqueue after
         it waits for its batch's DELETE (see ``_finish_done``).
         """
+        if self._skipped(job):
+            return Outcome("succeeded", 0)
         self._begin(job)
         outcome = self._cancelled_before(job) if job.cancel else self._execute(job)
         self._conclude(job, outcome)
         return outcome
+
+    def _skipped(self, job: Job) -> bool:
+        """End a claimed member of a cancelled batch without running it (batches.py)."""
+        if not job.batch_id:
+            return False
+        try:
+            if not batches.cancelled_lately(job.batch_id):
+                return False
+            skipped = batches.skip_member(job)
+        except DatabaseError as exc:
+            # Run as usual: the member may see the cancel itself (context.batch).
+            logger.warning("cannot tell whether batch id=%s was cancelled: %s", job.batch_id, exc)
+            return False
+        self.processed += 1
+        self.heartbeat.drop(job)
+        logger.info(
+            "job=%s id=%s queue=%s attempt=%s outcome=%s batch=%s",
+            job.name,
+            job.pk,
+            job.queue,
+            job.attempts,
+            "skipped" if skipped else "lost",
+            job.batch_id,
+        )
+        return True
 
     def _begin(self, job: Job) -> None:
         self.processed += 1

@@ -104,15 +104,18 @@ needs_listen = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def _claims_start_afresh() -> Iterator[None]:
     """Claims cache the paused queues for half a second (claims.PAUSE_CHECK), and learn
-    which queues hold jobs unique until started; a test's rows are rolled back with
-    it, so no test claims with what the previous one left."""
-    from django_dbqueue import claims
+    which queues hold jobs unique until started; workers cache the cancelled batches
+    (batches.CANCEL_CHECK). A test's rows are rolled back with it, so no test claims
+    with what the previous one left."""
+    from django_dbqueue import batches, claims
 
     claims.forget_paused()
     claims._clearing.clear()
+    batches.forget_cancelled()
     yield
     claims.forget_paused()
     claims._clearing.clear()
+    batches.forget_cancelled()
 
 
 @pytest.fixture

@@ -10,9 +10,11 @@ from django.test import Client
 
 from django_dbqueue import BatchClosed, batch, chain, get_batch, get_progress
 from django_dbqueue.chains import follow_ups
+from django_dbqueue.execution import Defaults
 from django_dbqueue.models import FailedJob, Job, JobBatch
 from django_dbqueue.operations import clear_queue, clearable, delete_unreserved
 from django_dbqueue.progress import progress_token
+from django_dbqueue.worker import Worker, WorkerOptions
 from tests.conftest import run_worker
 from tests.testapp import jobs
 from tests.testapp.models import Run
@@ -228,3 +230,17 @@ def test_a_unique_member_whose_key_is_held_is_not_counted():
     assert (handle.total, handle.pending) == (2, 2)
     run_worker()
     assert counts(handle.id) == (2, 0, 0, 0) and keys() == {"held", "new", "plain"}
+
+
+def test_a_claimed_member_of_a_batch_cancelled_since_does_not_start():
+    declared = batch(*(jobs.member.bind(f"m{i}") for i in range(3))).on_finish(jobs.batch_callback.bind("cb-f"))
+    handle = declared.enqueue()
+    claimed = Job.objects.reserve_many(["default"], limit=3)
+    assert len(claimed) == 3 and handle.cancel() == 0  # all three held by a worker: none deleted
+    worker = Worker(WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=30, backoff=0)))
+    for job in claimed:
+        worker.process(job)
+    assert not keys("m")  # none ran
+    assert counts(handle.id) == (3, 0, 0, 3) and get_batch(handle.id).state == "cancelled"
+    run_worker()
+    assert callbacks_of(handle.id) == ["cb-f"]
