@@ -571,3 +571,11 @@ def until_batch_cancelled(context: JobContext, key: str, seconds: float) -> None
             return
         time.sleep(0.05)
     Run.objects.create(key=key, note="ran out", pid=os.getpid())
+
+
+@job(takes_context=True, tries=3, retry_after=3)
+def counted_member(context: JobContext, key: str, seconds: float = 0) -> None:
+    """A batch member that may run more than once (a worker killed under it): one Attempt per run."""
+    Attempt.objects.create(key=key, attempt=context.attempt)
+    if seconds:
+        time.sleep(seconds)
