@@ -355,7 +355,15 @@ def clear_queue(counted: Clearable) -> int:
     with transaction.atomic(using=alias()):
         members = list(jobs.filter(batch_id__isnull=False).select_for_update().only("id", "batch_id").order_by())
         deleted, _ = jobs.select_for_update().delete()
-        _members_deleted(members)
+        if members:
+            # Counted if gone: on SQLite (no row locks) a worker may have claimed one since the read.
+            ids = [row.pk for row in members]
+            kept = {
+                pk
+                for start in range(0, len(ids), 900)
+                for pk in Job.objects.filter(pk__in=ids[start : start + 900]).values_list("pk", flat=True)
+            }
+            _members_deleted([row for row in members if row.pk not in kept])
     return deleted
 
 
