@@ -9,7 +9,7 @@ import time
 
 from django.utils import timezone
 
-from django_dbqueue import Chain, JobContext, chain, job
+from django_dbqueue import Batch, Chain, JobContext, batch, chain, job
 
 from .models import Order
 
@@ -128,3 +128,52 @@ def publish_video(context: JobContext, title: str, seconds: float = STEP_SECONDS
 def render_video(title: str, seconds: float = STEP_SECONDS) -> Chain:
     """The chain of steps that renders one video; call ``.enqueue()`` on it."""
     return chain(*(step.bind(title, seconds) for step in (fetch_footage, encode_video, burn_subtitles, publish_video)))
+
+
+# -- A batch with progress: "process 40 images" -------------------------------------
+#
+# Forty jobs that run in parallel as one unit (``batch(...)``), one per image, each
+# taking about IMAGE_SECONDS. The batch's progress is read from its counters (how
+# many members ended, succeeded, failed), under ``handle.progress_key``
+# (``batch:<id>``), through the same JSON view as the chain's. Two images are
+# broken: their jobs fail for good, the batch counts them as failed and still
+# finishes; ``on_finish`` runs once, when the last member ended.
+
+IMAGES = 40
+IMAGE_SECONDS = 0.1
+BROKEN_IMAGES = frozenset({13, 29})
+
+
+@job(tries=1, timeout=30)
+def process_image(album: str, number: int, seconds: float = IMAGE_SECONDS) -> None:
+    """Make a thumbnail of one image; a broken one fails for good (``tries=1``) and counts as a failed member."""
+    time.sleep(seconds)
+    if number in BROKEN_IMAGES:
+        raise ValueError(f"image {number} of {album!r} is not a JPEG: cannot decode it")
+    logger.info("image processed album=%s number=%s", album, number)
+
+
+@job(takes_context=True)
+def album_processed(context: JobContext, album: str) -> None:
+    """The batch's ``on_finish`` callback: runs once, after every image ended, whichever way.
+
+    ``context.batch`` is the batch (read now), with its final counts.
+    """
+    album_batch = context.batch
+    if album_batch is None:
+        logger.warning("album processed album=%s outside a batch", album)
+        return
+    logger.info(
+        "album processed album=%s batch=%s total=%s succeeded=%s failed=%s",
+        album,
+        album_batch.id,
+        album_batch.total,
+        album_batch.succeeded,
+        album_batch.failed,
+    )
+
+
+def process_album(album: str, images: int = IMAGES, seconds: float = IMAGE_SECONDS) -> Batch:
+    """The batch that processes ``images`` images of ``album``; call ``.enqueue()`` on it."""
+    members = (process_image.bind(album, number, seconds) for number in range(1, images + 1))
+    return batch(*members, name=f"album {album}"[:200]).on_finish(album_processed.bind(album))

@@ -149,11 +149,11 @@ class Command(BaseCommand):
             f"  {manage} runserver\n"
             "  then open http://127.0.0.1:8000/admin/ (Failed jobs, Jobs, Orders)."
         )
-        self.stdout.write(style.MIGRATE_HEADING("Watch a chain's progress live (two terminals):"))
+        self.stdout.write(style.MIGRATE_HEADING("Watch a chain's or a batch's progress live (two terminals):"))
         self.stdout.write(
             f"  {manage} runserver\n"
             f"  {manage} queue_work\n"
-            '  then open http://127.0.0.1:8000/ and press "Start a long chain".'
+            f'  then open http://127.0.0.1:8000/ and press "Start a long chain" or "Process {jobs.IMAGES} images".'
         )
 
         # A smoke test too: exit non-zero when the queue did not behave as the jobs promise.
