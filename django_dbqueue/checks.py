@@ -99,6 +99,9 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
         "or {'rate': 'N/unit', 'burst': n}",
         _rate_limits,
     ),
+    "WORKER_BEAT": ("a number >= 0.1 (seconds)", lambda v: _number(v, minimum=0.1)),
+    "HISTORY": ("a bool", lambda v: isinstance(v, bool)),
+    "HISTORY_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
 }
 assert set(VALIDATORS) == set(conf.DEFAULTS)
 

@@ -72,6 +72,13 @@ DEFAULTS: dict[str, Any] = {
     # Rate limits per queue: {"emails": "100/m"} or {"emails": {"rate": "100/m", "burst": 10}};
     # a claim of such a queue takes no more jobs than its bucket has tokens (rates.py).
     "RATE_LIMITS": {},
+    # Seconds between two refreshes of a worker's row (workers.py); a worker silent
+    # for three of them counts as dead, and idle workers reclaim its jobs.
+    "WORKER_BEAT": 10,
+    # Count runs per minute, queue and job name (history.py), written with the heartbeat.
+    "HISTORY": True,
+    # Hours after which idle workers delete history rows; None keeps them.
+    "HISTORY_MAX_AGE": 24 * 7,
 }
 
 

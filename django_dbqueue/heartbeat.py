@@ -25,6 +25,7 @@ from django.db import DatabaseError
 
 from . import workers
 from .db import drop_connection
+from .history import Recorder
 from .models import Job
 
 logger = logging.getLogger("django_dbqueue")
@@ -60,13 +61,29 @@ class Heartbeat:
     overrides the beat interval of every job (tests).
     """
 
-    def __init__(self, worker_id: str, *, interval: float | None = None, queues: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        *,
+        interval: float | None = None,
+        queues: Sequence[str] | None = None,
+        options: str = "",
+        stats: workers.Stats | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
         self.worker_id = worker_id
         self.interval = interval
-        # With queues, the thread also keeps the worker's QueueWorker row fresh (see ``workers``).
+        # With queues, the thread also keeps the worker's QueueWorker row fresh (see
+        # ``workers``), with ``stats`` in it, and adds ``recorder``'s counts to the history.
         self.queues = list(queues) if queues is not None else None
+        self.options = options
+        self.stats = stats
+        self.recorder = recorder
         # When the worker's row is next refreshed (monotonic); None: never.
         self._seen_due: float | None = None
+        # When the row was last written (monotonic): others take the worker for dead,
+        # and reclaim its jobs, ``workers.dead_after()`` after that.
+        self._row_fresh = time.monotonic()
         # The jobs running now (id -> job, monotonic start), when they are next asked
         # about cancel requests, and the requests seen: id -> (attempts, Job.cancel level).
         self._running: dict[int, tuple[Job, float]] = {}
@@ -168,7 +185,11 @@ class Heartbeat:
             entry = self._held.get(job.pk)
         if entry is None or entry[0].attempts != job.attempts:
             return False
-        return time.monotonic() < entry[1] + job.retry_after - LEASE_MARGIN
+        now = time.monotonic()
+        if self.queues is not None and now >= self._row_fresh + workers.dead_after() - LEASE_MARGIN:
+            # The row went unrefreshed long enough for idle workers to reclaim early.
+            return False
+        return now < entry[1] + job.retry_after - LEASE_MARGIN
 
     # -- the thread ------------------------------------------------------------
 
@@ -177,7 +198,8 @@ class Heartbeat:
             self._stopping = False
             if self.queues is not None:
                 # The worker wrote its row as it started.
-                self._seen_due = time.monotonic() + workers.SEEN_INTERVAL
+                self._row_fresh = time.monotonic()
+                self._seen_due = time.monotonic() + workers.beat_seconds()
             self._thread = threading.Thread(target=self._run, name=f"dbqueue-heartbeat-{self.worker_id}", daemon=True)
             self._thread.start()
         return self
@@ -230,11 +252,15 @@ class Heartbeat:
 
     def _beat(self) -> None:
         if self._seen_due is not None and self._seen_due <= time.monotonic() and self.queues is not None:
-            self._seen_due = time.monotonic() + workers.SEEN_INTERVAL
+            self._seen_due = time.monotonic() + workers.beat_seconds()
             try:
-                workers.seen(self.worker_id, self.queues)
+                started = time.monotonic()
+                workers.seen(self.worker_id, self.queues, self.options, self.stats)
+                self._row_fresh = started
+                if self.recorder is not None:
+                    self.recorder.flush()
             except DatabaseError as exc:
-                logger.warning("worker row not refreshed worker_id=%s: %s", self.worker_id, exc)
+                logger.warning("worker row or history not written worker_id=%s: %s", self.worker_id, exc)
                 drop_connection()
         if self._cancel_due is not None and self._cancel_due <= time.monotonic():
             self._poll_cancel()

@@ -136,6 +136,10 @@ class JobManager(models.Manager["Job"]):
         if before_reclaim is not None:
             before_reclaim()
         reclaimed = self.reclaim_expired(default_tries=default_tries)
+        from .workers import reclaim_dead
+
+        # Jobs of workers that stopped beating, before their retry_after (workers.py).
+        reclaimed += reclaim_dead(default_tries=default_tries)
         from .concurrency import sweep_now_and_then
 
         if sweep_now_and_then(self.get_queryset().db) or reclaimed:
@@ -1017,6 +1021,14 @@ class QueueWorker(models.Model):
     queues = models.TextField(help_text="Queues served, comma-separated, highest priority first.")
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
+    # The options that matter to an operator, as "name=value" words (threads=4 batch=10 ...).
+    options = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # Written with ``last_seen_at`` by the heartbeat: jobs run so far, those that
+    # failed for good, those running now, and the one running longest.
+    processed = models.PositiveBigIntegerField(default=0, db_default=0)
+    failed = models.PositiveBigIntegerField(default=0, db_default=0)
+    running = models.PositiveIntegerField(default=0, db_default=0)
+    current_job = models.CharField(max_length=255, blank=True, default="", db_default="")
 
     objects = QueueDatabaseManager()
 
@@ -1273,3 +1285,48 @@ class JobBatch(models.Model):
         if self.finished_at is None:
             return "running"
         return "failed" if self.failed else "finished"
+
+
+class JobHistory(models.Model):
+    """Counts of job runs per minute, queue and job name (history.py).
+
+    Workers add their counts with the heartbeat (one upsert per beat for all the
+    names they ran), never one write per job. ``run_time`` is the total seconds
+    of the runs that ended; ``h0``..``h12`` count them by run time, in the
+    buckets of ``history.BOUNDS`` (the last one: longer than all).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    bucket = models.DateTimeField(help_text="The minute the counts belong to (the worker's clock).")
+    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    started = models.PositiveBigIntegerField(default=0)
+    succeeded = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+    # Runs that raised and were released to run again.
+    retried = models.PositiveBigIntegerField(default=0)
+    run_time = models.FloatField(default=0)
+    h0 = models.PositiveBigIntegerField(default=0)
+    h1 = models.PositiveBigIntegerField(default=0)
+    h2 = models.PositiveBigIntegerField(default=0)
+    h3 = models.PositiveBigIntegerField(default=0)
+    h4 = models.PositiveBigIntegerField(default=0)
+    h5 = models.PositiveBigIntegerField(default=0)
+    h6 = models.PositiveBigIntegerField(default=0)
+    h7 = models.PositiveBigIntegerField(default=0)
+    h8 = models.PositiveBigIntegerField(default=0)
+    h9 = models.PositiveBigIntegerField(default=0)
+    h10 = models.PositiveBigIntegerField(default=0)
+    h11 = models.PositiveBigIntegerField(default=0)
+    h12 = models.PositiveBigIntegerField(default=0)
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_history"
+        verbose_name = "job history bucket"
+        verbose_name_plural = "job history"
+        constraints = [models.UniqueConstraint(fields=["bucket", "queue", "name"], name="dbqueue_history_key")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H:%M} {self.queue} {self.name}"

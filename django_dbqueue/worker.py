@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import batches, chains, conf, handles, progress, registry, signals, unique, workers
+from . import batches, chains, conf, handles, history, progress, registry, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
@@ -157,7 +157,16 @@ class Worker:
         # Recent average run time of a job (seconds), None before the first.
         self._average_run: float | None = None
         self._listener = Listener.configured()
-        self.heartbeat = Heartbeat(self.worker_id, queues=options.queues)
+        # Written into the worker's row and the history by the heartbeat (workers.py, history.py).
+        self.stats = workers.Stats()
+        self.history = history.Recorder()
+        self.heartbeat = Heartbeat(
+            self.worker_id,
+            queues=options.queues,
+            options=self._options_text(),
+            stats=self.stats,
+            recorder=self.history,
+        )
         self.heartbeat.on_cancel = self._on_cancel
         # The job running now (for a hard cancel from the heartbeat's thread).
         self._current: Job | None = None
@@ -208,6 +217,7 @@ class Worker:
                 self._release_prefetched()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
+        self._flush_history()
         self._unregister()
         logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason.value, self.processed)
         if reason is StopReason.TIMED_OUT:
@@ -456,6 +466,7 @@ class Worker:
             ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
             ("RESULT_MAX_AGE", "results", handles.prune_results),
             (None, "worker rows", lambda hours: workers.prune(hours * 3600)),
+            ("HISTORY_MAX_AGE", "history rows", history.prune),
         ):
             max_age = conf.get(setting) if setting is not None else workers.PRUNE_AFTER / 3600
             if max_age is None:
@@ -468,9 +479,26 @@ class Worker:
             if count:
                 logger.info("pruned %s=%s older_than_hours=%s", what.replace(" ", "_"), count, max_age)
 
+    def _options_text(self) -> str:
+        """The options an operator looks for in the workers table."""
+        options = self.options
+        words = [f"batch={options.batch}", f"timeout={options.defaults.timeout}", f"tries={options.defaults.tries}"]
+        if options.pooled:
+            words[:0] = [f"threads={options.threads}", f"async={options.async_concurrency}"]
+        if options.parent_pid is not None:
+            words.append(f"supervisor={options.parent_pid}")
+        return " ".join(words)
+
+    def _flush_history(self) -> None:
+        """Write the counts the heartbeat has not written yet (a clean stop)."""
+        try:
+            self.history.flush()
+        except DatabaseError as exc:
+            logger.warning("history not written worker_id=%s: %s", self.worker_id, exc)
+
     def _register(self) -> None:
         try:
-            workers.register(self.worker_id, self.options.queues)
+            workers.register(self.worker_id, self.options.queues, self._options_text(), self.stats)
         except DatabaseError as exc:
             # The heartbeat writes the row once the database answers.
             logger.warning("worker row not written worker_id=%s: %s", self.worker_id, exc)
@@ -618,6 +646,8 @@ class Worker:
 
     def _begin(self, job: Job) -> None:
         self.processed += 1
+        self.stats.started(job)
+        self.history.started(job.queue, job.name)
         self.heartbeat.hold([job])
         _send(signals.job_started, job=job, worker_id=self.worker_id)
 
@@ -726,7 +756,14 @@ class Worker:
             self._after_store(job, outcome, None if deleted is None else job.pk in deleted, None)
 
     def _after_store(self, job: Job, outcome: Outcome, stored: bool | None, failed_job: FailedJob | None) -> None:
+        self.stats.ended(job, failed=bool(stored) and outcome.status == "failed")
         if stored:
+            self.history.ended(
+                job.queue,
+                job.name,
+                outcome.status if outcome.status != "released" else "retried",
+                outcome.duration,
+            )
             self._report(job, outcome, failed_job)
         logger.log(
             logging.INFO if outcome.status == "succeeded" or outcome.snoozed else logging.WARNING,

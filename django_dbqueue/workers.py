@@ -1,31 +1,101 @@
-"""Live workers: one ``QueueWorker`` row per worker process, so operators (and
-``queue_monitor``) can tell which queues someone serves.
+"""Live workers: one ``QueueWorker`` row per worker process, so operators (the
+admin's dashboard, ``queue_monitor``, ``queue_health``, the metrics view) can
+tell who serves which queues, how much each did, and what it runs now.
 
-A worker writes its row when it starts, its heartbeat thread refreshes
-``last_seen_at`` every ``SEEN_INTERVAL`` seconds, and the worker deletes it when
-it stops. A killed worker leaves its row behind: it stops being live after
-``LIVE_FOR`` seconds and idle workers prune it after ``PRUNE_AFTER``.
+A worker writes its row when it starts, its heartbeat thread refreshes it every
+``beat_seconds()`` (``DBQUEUE["WORKER_BEAT"]``, 10 s) with ``last_seen_at`` and
+its counts, and the worker deletes it when it stops. A killed worker leaves its
+row behind: the row is **dead** once ``last_seen_at`` is ``dead_after()`` (three
+beats) old, and idle workers delete it after ``PRUNE_AFTER``.
+
+Early reclaim: a dead worker's reservations are released (or failed, once
+their tries are spent) by idle workers at once, without waiting for each job's
+``retry_after``. Safely means: both times are read from the database's clock,
+so skewed host clocks do not matter; and a worker that cannot refresh its row
+for ``dead_after()`` counts its own reservations as possibly taken
+(``Heartbeat.lease_safe``), as it does once ``retry_after`` passed, so it
+never reports an outcome another worker may have produced. A live worker cut
+off from the database for longer than that may still be running a job that is
+run again elsewhere: the same at-least-once as after ``retry_after``, sooner.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-from .db import DbNow
-from .models import QueueWorker
+from django.db.models import Q
 
-# Seconds between two refreshes of a worker's row.
-SEEN_INTERVAL = 10.0
-# A row not refreshed for this many seconds belongs to a worker that is gone.
+from . import conf
+from .db import DbNow
+from .models import Job, QueueWorker
+
+logger = logging.getLogger("django_dbqueue")
+
+# A row not refreshed for this many seconds belongs to a worker that is gone
+# (``queue_monitor``'s "no live worker"); see ``dead_after`` for the reclaim.
 LIVE_FOR = 60.0
 # Seconds after which idle workers delete the rows of workers that are gone.
 PRUNE_AFTER = 3600.0
+# Beats a worker may miss before it counts as dead.
+BEATS_TO_DEATH = 3
+
+WORKER_LOST_ERROR = (
+    "The worker {worker} that ran this job stopped beating (no sign of it for {seconds:.0f} s, "
+    "three heartbeats): it was killed or cut off from the database, and the job had used its tries."
+)
 
 
-def register(worker_id: str, queues: Sequence[str]) -> None:
+def beat_seconds() -> float:
+    """Seconds between two refreshes of a worker's row."""
+    return float(conf.get("WORKER_BEAT"))
+
+
+def dead_after() -> float:
+    """Seconds without a refresh after which a worker's row is dead, and its jobs reclaimed."""
+    return BEATS_TO_DEATH * beat_seconds()
+
+
+class Stats:
+    """What a worker writes into its row with each beat; updated by the worker's
+    threads, read by its heartbeat thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.processed = 0
+        self.failed = 0
+        # id -> (monotonic start, "name #id")
+        self._running: dict[int, tuple[float, str]] = {}
+
+    def started(self, job: Job) -> None:
+        with self._lock:
+            self._running[job.pk] = (time.monotonic(), f"{job.name} #{job.pk}"[:255])
+
+    def ended(self, job: Job, *, failed: bool) -> None:
+        with self._lock:
+            self._running.pop(job.pk, None)
+            self.processed += 1
+            if failed:
+                self.failed += 1
+
+    def values(self) -> dict[str, object]:
+        with self._lock:
+            oldest = min(self._running.values(), default=None)
+            return {
+                "processed": self.processed,
+                "failed": self.failed,
+                "running": len(self._running),
+                "current_job": oldest[1] if oldest else "",
+            }
+
+
+def register(worker_id: str, queues: Sequence[str], options: str = "", stats: Stats | None = None) -> None:
     """Write (or overwrite) the row of this worker process."""
     QueueWorker.objects.update_or_create(
         worker_id=worker_id,
@@ -33,16 +103,19 @@ def register(worker_id: str, queues: Sequence[str]) -> None:
             "hostname": socket.gethostname()[:100],
             "pid": os.getpid(),
             "queues": ",".join(queues),
+            "options": options[:200],
             "started_at": DbNow(),
             "last_seen_at": DbNow(),
+            **(stats.values() if stats is not None else {}),
         },
     )
 
 
-def seen(worker_id: str, queues: Sequence[str]) -> None:
-    """Refresh the row's ``last_seen_at``; write it again if it was pruned meanwhile."""
-    if not QueueWorker.objects.filter(worker_id=worker_id).update(last_seen_at=DbNow()):
-        register(worker_id, queues)
+def seen(worker_id: str, queues: Sequence[str], options: str = "", stats: Stats | None = None) -> None:
+    """Refresh the row's ``last_seen_at`` and counts; write it again if it was pruned meanwhile."""
+    values = stats.values() if stats is not None else {}
+    if not QueueWorker.objects.filter(worker_id=worker_id).update(last_seen_at=DbNow(), **values):
+        register(worker_id, queues, options, stats)
 
 
 def unregister(worker_id: str) -> None:
@@ -53,3 +126,52 @@ def prune(seconds: float = PRUNE_AFTER) -> int:
     """Delete the rows of workers not seen for ``seconds``; return how many."""
     deleted, _ = QueueWorker.objects.filter(last_seen_at__lt=DbNow() - timedelta(seconds=seconds)).delete()
     return deleted
+
+
+def dead_rows() -> Q:
+    """Rows of workers that missed ``BEATS_TO_DEATH`` beats (by the database's clock)."""
+    return Q(last_seen_at__lt=DbNow() - timedelta(seconds=dead_after()))
+
+
+_reclaimed_at = 0.0
+
+
+def reclaim_dead(*, default_tries: int | None = None) -> int:
+    """Release or fail the jobs held by dead workers, at most once per beat per process;
+    return how many. Called by idle workers with the reclaim of expired reservations."""
+    global _reclaimed_at
+    if time.monotonic() - _reclaimed_at < beat_seconds():
+        return 0
+    _reclaimed_at = time.monotonic()
+    dead = list(
+        QueueWorker.objects.filter(dead_rows(), last_seen_at__gte=DbNow() - timedelta(seconds=PRUNE_AFTER))
+        .filter(worker_id__in=Job.objects.filter(reserved_at__isnull=False).values("reserved_by"))
+        .annotate(silent_for=DbNow())
+        .values_list("worker_id", "last_seen_at", "silent_for")
+    )
+    count = 0
+    for worker_id, last_seen, now in dead:
+        seconds = (now - last_seen).total_seconds()
+        error = WORKER_LOST_ERROR.format(worker=worker_id, seconds=seconds)
+        reclaimed = Job.objects.reclaim_worker(
+            worker_id, error_for=functools.partial(_same, error), default_tries=default_tries
+        )
+        if reclaimed:
+            logger.warning(
+                "reclaimed jobs=%s of dead worker_id=%s silent_for=%.0fs (before their retry_after)",
+                reclaimed,
+                worker_id,
+                seconds,
+            )
+        count += reclaimed
+    return count
+
+
+def _same(error: str, _seconds_held: float) -> str:
+    return error
+
+
+def forget_reclaim() -> None:
+    """Let the next ``reclaim_dead`` look at once (tests)."""
+    global _reclaimed_at
+    _reclaimed_at = 0.0

@@ -573,7 +573,7 @@ def until_batch_cancelled(context: JobContext, key: str, seconds: float) -> None
     Run.objects.create(key=key, note="ran out", pid=os.getpid())
 
 
-@job(takes_context=True, tries=3, retry_after=3)
+@job(takes_context=True, tries=3, timeout=2, retry_after=3)
 def counted_member(context: JobContext, key: str, seconds: float = 0) -> None:
     """A batch member that may run more than once (a worker killed under it): one Attempt per run."""
     Attempt.objects.create(key=key, attempt=context.attempt)

@@ -1,0 +1,230 @@
+"""Throughput history: how many jobs started, succeeded, failed and were retried,
+per minute, queue and job name, with their run times.
+
+A worker counts in memory (``Recorder``, a dict update per job) and its
+heartbeat thread adds the counts to the ``JobHistory`` rows every
+``workers.beat_seconds()`` with one upsert per beat, whatever the number of
+jobs: the job path writes nothing. Counts not yet written when a worker is
+killed (``kill -9``) are lost: at most one beat's worth. A clean stop writes
+them. ``DBQUEUE["HISTORY"] = False`` turns it off; rows older than
+``DBQUEUE["HISTORY_MAX_AGE"]`` hours are pruned by idle workers.
+
+Buckets are minutes of the worker's clock (hosts are expected to run NTP): a
+worker on a host whose clock is a minute off files its counts a minute off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+
+from . import conf
+from .db import DbNow, alias
+from .models import JobHistory
+
+logger = logging.getLogger("django_dbqueue")
+
+# Upper bounds (seconds) of the run-time buckets h0..h11; h12 counts longer runs.
+BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+BINS = tuple(f"h{i}" for i in range(len(BOUNDS) + 1))
+COUNTS = ("started", "succeeded", "failed", "retried")
+# The columns an upsert adds to.
+ADDED = (*COUNTS, "run_time", *BINS)
+
+
+@dataclass
+class Tally:
+    """One minute, queue and name's counts, in memory."""
+
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    run_time: float = 0.0
+    bins: list[int] = field(default_factory=lambda: [0] * len(BINS))
+
+    def values(self) -> list[Any]:
+        return [self.started, self.succeeded, self.failed, self.retried, self.run_time, *self.bins]
+
+    def add(self, other: Tally) -> None:
+        self.started += other.started
+        self.succeeded += other.succeeded
+        self.failed += other.failed
+        self.retried += other.retried
+        self.run_time += other.run_time
+        self.bins = [a + b for a, b in zip(self.bins, other.bins, strict=True)]
+
+
+Key = tuple[datetime, str, str]
+
+
+def _minute(now: float) -> datetime:
+    return datetime.fromtimestamp(now - now % 60, tz=UTC)
+
+
+def enabled() -> bool:
+    return bool(conf.get("HISTORY"))
+
+
+class Recorder:
+    """A worker's counts since its last flush. ``started`` and ``ended`` are called
+    by the worker (any thread), ``flush`` by its heartbeat thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tallies: dict[Key, Tally] = {}
+        self.on = enabled()
+
+    def _tally(self, queue: str, name: str) -> Tally:
+        key = (_minute(time.time()), queue, name)
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = Tally()
+        return tally
+
+    def started(self, queue: str, name: str) -> None:
+        if not self.on:
+            return
+        with self._lock:
+            self._tally(queue, name).started += 1
+
+    def ended(self, queue: str, name: str, status: str, duration: float) -> None:
+        """Count a run's outcome: ``succeeded``, ``failed`` or ``retried``."""
+        if not self.on:
+            return
+        with self._lock:
+            tally = self._tally(queue, name)
+            if status == "succeeded":
+                tally.succeeded += 1
+            elif status == "failed":
+                tally.failed += 1
+            else:
+                tally.retried += 1
+            tally.run_time += duration
+            tally.bins[bisect.bisect_left(BOUNDS, duration)] += 1
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._tallies)
+
+    def flush(self, using: str | None = None) -> int:
+        """Add the counts to the history rows; return how many rows were written.
+
+        On a database error the counts are kept for the next flush, and the error raised.
+        """
+        with self._lock:
+            tallies, self._tallies = self._tallies, {}
+        if not tallies:
+            return 0
+        try:
+            add(tallies, using)
+        except Exception:
+            with self._lock:
+                for key, tally in tallies.items():
+                    kept = self._tallies.get(key)
+                    if kept is None:
+                        self._tallies[key] = tally
+                    else:
+                        kept.add(tally)
+            raise
+        return len(tallies)
+
+
+def add(tallies: dict[Key, Tally], using: str | None = None) -> None:
+    """Add ``tallies`` to their rows in one statement: insert, or add to the row there."""
+    using = using or alias()
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    meta = JobHistory._meta
+    column = {f.name: quote(str(f.column)) for f in meta.concrete_fields}
+    names = ["bucket", "queue", "name", *ADDED]
+    row = "(" + ", ".join(["%s"] * len(names)) + ")"
+    table = quote(meta.db_table)
+    if connection.vendor == "mysql":
+        update = ", ".join(f"{column[n]} = {column[n]} + VALUES({column[n]})" for n in ADDED)
+        conflict = f"ON DUPLICATE KEY UPDATE {update}"
+    else:
+        update = ", ".join(f"{column[n]} = {table}.{column[n]} + EXCLUDED.{column[n]}" for n in ADDED)
+        conflict = f"ON CONFLICT ({column['bucket']}, {column['queue']}, {column['name']}) DO UPDATE SET {update}"
+    params: list[Any] = []
+    # Sorted: two workers' upserts lock the rows in the same order (no deadlock).
+    for (bucket, queue, name), tally in sorted(tallies.items()):
+        field_value = JobHistory._meta.get_field("bucket").get_db_prep_value(bucket, connection)
+        params += [field_value, queue, name, *tally.values()]
+    sql = (
+        f"INSERT INTO {table} ({', '.join(column[n] for n in names)}) VALUES "
+        f"{', '.join([row] * len(tallies))} {conflict}"
+    )
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def prune(hours: float) -> int:
+    """Delete history rows older than ``hours``; return how many."""
+    deleted, _ = JobHistory.objects.filter(bucket__lt=DbNow() - timedelta(hours=hours)).delete()
+    return deleted
+
+
+# -- reading ---------------------------------------------------------------------
+
+
+@dataclass
+class Totals:
+    """Counts over a period (and per minute, for charts)."""
+
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    run_time: float = 0.0
+    bins: list[int] = field(default_factory=lambda: [0] * len(BINS))
+
+    @property
+    def ended(self) -> int:
+        return self.succeeded + self.failed + self.retried
+
+    def percentile(self, q: float) -> float | None:
+        """The run time below which ``q`` (0..1) of the runs ended, read from the
+        buckets (the bucket's upper bound; ``BOUNDS[-1]`` for the last); None without runs."""
+        total = sum(self.bins)
+        if not total:
+            return None
+        rank = q * total
+        seen = 0
+        for index, count in enumerate(self.bins):
+            seen += count
+            if seen >= rank and count:
+                return BOUNDS[min(index, len(BOUNDS) - 1)]
+        return BOUNDS[-1]
+
+
+def rows_since(since: datetime, *, queues: Sequence[str] | None = None) -> Iterable[JobHistory]:
+    rows = JobHistory.objects.filter(bucket__gte=since)
+    if queues:
+        rows = rows.filter(queue__in=list(queues))
+    return rows.order_by("bucket")
+
+
+def totals(rows: Iterable[JobHistory], by: str | None = None) -> dict[Any, Totals]:
+    """Sum ``rows`` by ``by`` (``"queue"``, ``"name"``, ``"bucket"``; None: one total under None)."""
+    result: dict[Any, Totals] = {}
+    for row in rows:
+        key = getattr(row, by) if by else None
+        total = result.get(key)
+        if total is None:
+            total = result[key] = Totals()
+        total.started += row.started
+        total.succeeded += row.succeeded
+        total.failed += row.failed
+        total.retried += row.retried
+        total.run_time += row.run_time
+        total.bins = [a + getattr(row, name) for a, name in zip(total.bins, BINS, strict=True)]
+    return result
