@@ -294,7 +294,13 @@ def cancel(batch_id: int) -> int:
 
 
 def retry_failed(batch_id: int) -> list[Job]:
-    """Retry the failed members of a batch (their ``FailedJob`` rows); the batch counts them pending again."""
+    """Retry the failed members of a batch (their ``FailedJob`` rows); the batch counts them pending again.
+
+    Raise ``BatchClosed`` for a cancelled batch: its members would not run (a retry
+    from ``FailedJob`` runs them outside it, see ``FailedJobQuerySet.retry``).
+    """
+    if JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=False).exists():
+        raise BatchClosed(f"batch {batch_id} was cancelled: its failed members are not retried into it")
     return FailedJob.objects.get_queryset().filter(batch_id=batch_id).retry()
 
 
@@ -366,27 +372,29 @@ def members_ended(
     failed: Counter[int] | None = None,
     cancelled: Counter[int] | None = None,
     retried: Counter[int] | None = None,
+    left: Counter[int] | None = None,
     touched: Iterable[int] = (),
 ) -> None:
-    """Move the counters of the batches whose members just ended (or came back, ``retried``):
-    ``{batch_id: count}`` each. Must run in the transaction that changed the member
+    """Move the counters of the batches whose members just ended (or came back, ``retried``;
+    or, failed members of a cancelled batch retried outside it, ``left``): ``{batch_id: count}`` each. Must run in the transaction that changed the member
     rows, after it changed them (rows, then batch: the order every path takes).
 
     Enqueues the callbacks that fire, in the same transaction.
     """
     succeeded, failed = succeeded or Counter(), failed or Counter()
     cancelled, retried = cancelled or Counter(), retried or Counter()
-    ids = sorted({*succeeded, *failed, *cancelled, *retried, *touched})
+    left = left or Counter()
+    ids = sorted({*succeeded, *failed, *cancelled, *retried, *left, *touched})
     for batch_id in ids:  # in id order: two transactions lock batch rows in the same order
         ended = succeeded[batch_id] + failed[batch_id] + cancelled[batch_id]
         back = retried[batch_id]
         changes: dict[str, Any] = {}
         if ended or back:
             changes["pending"] = F("pending") + (back - ended)
-        if failed[batch_id] or back:
-            changes["failed"] = F("failed") + (failed[batch_id] - back)
-        if cancelled[batch_id]:
-            changes["cancelled"] = F("cancelled") + cancelled[batch_id]
+        if failed[batch_id] or back or left[batch_id]:
+            changes["failed"] = F("failed") + (failed[batch_id] - back - left[batch_id])
+        if cancelled[batch_id] or left[batch_id]:
+            changes["cancelled"] = F("cancelled") + cancelled[batch_id] + left[batch_id]
         if back:
             changes["finished_at"] = None
         if changes and not JobBatch.objects.using(using).filter(pk=batch_id).update(**changes):

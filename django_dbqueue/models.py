@@ -830,6 +830,13 @@ def _retry_pointers(retried: list[tuple[int, Job]]) -> None:
     )
 
 
+def _cancelled_batches(using: str, ids: set[int | None]) -> set[int | None]:
+    """The cancelled batches among ``ids``."""
+    if not ids:
+        return set()
+    return set(JobBatch.objects.using(using).filter(pk__in=ids, cancelled_at__isnull=False).values_list("pk", flat=True))
+
+
 def _flow_columns(text: str) -> dict[str, Any]:
     """The flow-control columns a failed job had, from its envelope (``chains.new_job`` keeps them there)."""
     from .exceptions import PayloadError
@@ -868,6 +875,8 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
         """Put each failed job back as a fresh job and remove its failed row, in one transaction."""
         with transaction.atomic(using=self.db):
             failed = list(self.select_for_update().order_by("id"))
+            # A failed member of a cancelled batch would not run in it: it runs on its own.
+            outside = _cancelled_batches(self.db, {row.batch_id for row in failed if row.batch_id})
             rows = [
                 Job(
                     queue=row.queue,
@@ -879,7 +888,7 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
                     timeout=row.timeout,
                     available_at=DbNow(),
                     created_at=DbNow(),
-                    batch_id=row.batch_id,
+                    batch_id=None if row.batch_id in outside else row.batch_id,
                     **_flow_columns(row.payload),
                 )
                 for row in failed
@@ -895,7 +904,11 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
             if any(row.batch_id for row in failed):
                 from .batches import count_members, members_ended
 
-                members_ended(self.db, retried=count_members(failed))
+                members_ended(
+                    self.db,
+                    retried=count_members(row for row in failed if row.batch_id not in outside),
+                    left=count_members(row for row in failed if row.batch_id in outside),
+                )
             # A handle of the failed id follows the job to its new run.
             _retry_pointers([(row.job_id, job) for row, job in zip(failed, jobs, strict=True)])
         from .signals import job_enqueued

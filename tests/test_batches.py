@@ -244,3 +244,15 @@ def test_a_claimed_member_of_a_batch_cancelled_since_does_not_start():
     assert counts(handle.id) == (3, 0, 0, 3) and get_batch(handle.id).state == "cancelled"
     run_worker()
     assert callbacks_of(handle.id) == ["cb-f"]
+
+
+def test_failed_members_of_a_cancelled_batch_are_retried_outside_it():
+    handle = batch(jobs.member.bind("x", fail=True), jobs.member.bind("y", seconds=0)).enqueue()
+    run_worker(max_jobs=1, batch=1)
+    assert counts(handle.id) == (2, 1, 1, 0)
+    assert handle.cancel() == 1
+    with pytest.raises(BatchClosed):
+        get_batch(handle.id).retry_failed()
+    [job] = FailedJob.objects.retry([FailedJob.objects.get().pk])
+    assert job.batch_id is None
+    assert counts(handle.id) == (2, 0, 0, 2) and get_batch(handle.id).state == "cancelled"
