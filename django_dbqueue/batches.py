@@ -375,8 +375,9 @@ def members_ended(
     left: Counter[int] | None = None,
     touched: Iterable[int] = (),
 ) -> None:
-    """Move the counters of the batches whose members just ended (or came back, ``retried``;
-    or, failed members of a cancelled batch retried outside it, ``left``): ``{batch_id: count}`` each. Must run in the transaction that changed the member
+    """Move the counters of the batches whose members just ended (or came back,
+    ``retried``; or failed members of a cancelled batch retried outside it, ``left``):
+    ``{batch_id: count}`` each. Must run in the transaction that changed the member
     rows, after it changed them (rows, then batch: the order every path takes).
 
     Enqueues the callbacks that fire, in the same transaction.

@@ -834,7 +834,8 @@ def _cancelled_batches(using: str, ids: set[int | None]) -> set[int | None]:
     """The cancelled batches among ``ids``."""
     if not ids:
         return set()
-    return set(JobBatch.objects.using(using).filter(pk__in=ids, cancelled_at__isnull=False).values_list("pk", flat=True))
+    cancelled = JobBatch.objects.using(using).filter(pk__in=ids, cancelled_at__isnull=False)
+    return set(cancelled.values_list("pk", flat=True))
 
 
 def _flow_columns(text: str) -> dict[str, Any]:
