@@ -1,4 +1,4 @@
-"""Admin pages: jobs with their state, failed jobs with retry, progress, a queue overview, and schedules."""
+"""Admin pages: jobs with their state, failed jobs with retry, progress, a queue overview, schedules and batches."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from . import pauses, payload, schedules
+from .batch_admin import JobBatchAdmin
 from .db import DbNow
-from .models import CANCELLED_CLASS, FailedJob, Job, JobProgress, ScheduleState
+from .models import CANCELLED_CLASS, FailedJob, Job, JobBatch, JobProgress, ScheduleState
 from .operations import (
     QueueStats,
     cancel_jobs,
@@ -625,3 +626,6 @@ class ScheduleStateAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-
             ngettext("%d schedule was disabled.", "%d schedules were disabled.", count) % count,
             messages.SUCCESS,
         )
+
+
+admin.site.register(JobBatch, JobBatchAdmin)

@@ -1,0 +1,364 @@
+"""The batches' admin page: counts, state and progress; cancel a batch, retry its failed members.
+
+A batch row is written only by batches.py (its counters move with its members'
+outcomes), so the page is read-only. A finished batch may be deleted, as
+``batches.prune`` deletes it; a batch that has not finished may not: its
+members would end without a batch to count them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import actions as admin_actions
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+from django.utils.translation import ngettext
+from django.views.decorators.http import require_POST
+
+from . import batches
+from .models import FailedJob, Job, JobBatch
+
+# Failed members listed on a batch's page, each linked to its failed job; the
+# failed job list (filtered by batch) shows them all.
+FAILED_MEMBERS_SHOWN = 20
+
+UNFINISHED_REFUSAL = (
+    "it has not finished: its members would end without a batch to count them. Cancel it, "
+    "and delete it once its running members have ended."
+)
+
+STATES = {
+    "running": Q(cancelled_at__isnull=True, finished_at__isnull=True),
+    "finished": Q(cancelled_at__isnull=True, finished_at__isnull=False, failed=0),
+    "failed": Q(cancelled_at__isnull=True, finished_at__isnull=False, failed__gt=0),
+    "cancelling": Q(cancelled_at__isnull=False, finished_at__isnull=True),
+    "cancelled": Q(cancelled_at__isnull=False, finished_at__isnull=False),
+}
+
+
+class BatchStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("running", "running"),
+            ("finished", "finished"),
+            ("failed", "failed (finished, some members failed)"),
+            ("cancelling", "cancelling (members still running)"),
+            ("cancelled", "cancelled"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> QuerySet[JobBatch]:
+        value = self.value()
+        return queryset.filter(STATES[value]) if value in STATES else queryset
+
+
+def progress_bar(batch: JobBatch) -> str:
+    """A bar of the batch's ended members (succeeded, failed, cancelled) and the percent ended."""
+
+    def width(count: int) -> str:
+        return f"{100.0 * count / batch.total:.2f}" if batch.total else "0"
+
+    # Rounded down: a batch shows 100% only once every member ended.
+    percent = 100 if batch.pending == 0 else math.floor(batch.percent)
+    return format_html(
+        '<span class="dbqueue-batch-progress"'
+        ' style="display:inline-flex;align-items:center;gap:6px;white-space:nowrap">'
+        '<span role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}" title="{}"'
+        ' style="display:inline-flex;width:160px;height:12px;background:#e8e8e8;border-radius:3px;overflow:hidden">'
+        '<span class="succeeded" style="width:{}%;background:#417690"></span>'
+        '<span class="failed" style="width:{}%;background:#ba2121"></span>'
+        '<span class="cancelled" style="width:{}%;background:#999"></span></span>'
+        "<span>{}% ({}/{})</span></span>",
+        percent,
+        f"{batch.succeeded} succeeded, {batch.failed} failed, {batch.cancelled} cancelled, {batch.pending} pending",
+        width(batch.succeeded),
+        width(batch.failed),
+        width(batch.cancelled),
+        percent,
+        batch.done,
+        batch.total,
+    )
+
+
+class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Batches: counts, state and progress; cancel, retry failed members; delete finished ones."""
+
+    list_display = [
+        "id",
+        "name",
+        "state",
+        "progress",
+        "total",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "pending",
+        "created_at",
+        "finished_at",
+        "cancelled_at",
+    ]
+    list_display_links = ["id", "name"]
+    list_filter = [BatchStateFilter]
+    search_fields = ["name", "=id"]
+    fieldsets = [
+        (None, {"fields": ["id", "name", "state", "progress", "allow_failures"]}),
+        ("Members", {"fields": [("total", "succeeded", "failed", "cancelled", "pending")]}),
+        ("Callbacks", {"fields": ["callbacks_summary"]}),
+        ("Times", {"fields": [("created_at", "finished_at", "cancelled_at")]}),
+    ]
+    readonly_fields = [
+        "id",
+        "name",
+        "state",
+        "progress",
+        "allow_failures",
+        "total",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "pending",
+        "callbacks_summary",
+        "created_at",
+        "finished_at",
+        "cancelled_at",
+    ]
+    actions = ["cancel_selected", "retry_failed_selected", "delete_selected"]
+    change_form_template = "admin/django_dbqueue/jobbatch/change_form.html"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Only a finished batch may be deleted (see the module's docstring)."""
+        if obj is not None and obj.finished_at is None:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    # -- columns -------------------------------------------------------------------
+
+    @admin.display(description="state")
+    def state(self, batch: JobBatch) -> str:
+        return batch.state
+
+    @admin.display(description="progress")
+    def progress(self, batch: JobBatch) -> str:
+        return progress_bar(batch)
+
+    @admin.display(description="succeeded")
+    def succeeded(self, batch: JobBatch) -> int:
+        return batch.succeeded
+
+    @admin.display(description="callbacks")
+    def callbacks_summary(self, batch: JobBatch) -> str:
+        """Each kind of callback and the names of its jobs, in the order they are enqueued."""
+        if not batch.callbacks:
+            return "-"
+        try:
+            steps = json.loads(batch.callbacks)
+        except ValueError:
+            return "unreadable: none will be enqueued"
+        rows = [
+            (kind, ", ".join(str(step.get("name", "?")) for step in steps[kind]))
+            for kind in batches.CALLBACKS
+            if steps.get(kind)
+        ]
+        return format_html_join("", "<div><b>{}</b>: {}</div>", rows) if rows else "-"
+
+    # -- permissions of the operations ---------------------------------------------
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_dbqueue.cancel_batch")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        """The permission to retry failed jobs, as the failed jobs' admin checks it."""
+        if not self.admin_site.is_registered(FailedJob):
+            return False
+        failed_admin = self.admin_site.get_model_admin(FailedJob)
+        return bool(getattr(failed_admin, "has_retry_permission", lambda request: False)(request))
+
+    # -- actions -------------------------------------------------------------------
+
+    @admin.action(description="Cancel selected batches (waiting members are deleted)", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        open_ids = list(JobBatch.objects.filter(STATES["running"], pk__in=ids).values_list("pk", flat=True))
+        deleted = sum(batches.cancel(pk) for pk in open_ids)
+        if open_ids:
+            count = len(open_ids)
+            message = ngettext("%d batch was cancelled", "%d batches were cancelled", count) % count
+            message += (
+                ngettext(
+                    ": %d waiting member was deleted; running members finish.",
+                    ": %d waiting members were deleted; running members finish.",
+                    deleted,
+                )
+                % deleted
+            )
+            self.message_user(request, message, messages.SUCCESS)
+        if len(ids) > len(open_ids):
+            closed = len(ids) - len(open_ids)
+            message = ngettext(
+                "%d batch was cancelled or finished already.", "%d batches were cancelled or finished already.", closed
+            )
+            self.message_user(request, message % closed, messages.WARNING)
+
+    @admin.action(description="Retry failed members of selected batches", permissions=["retry"])
+    def retry_failed_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        retried = {pk: len(batches.retry_failed(pk)) for pk in ids}
+        count, reopened = sum(retried.values()), sum(1 for n in retried.values() if n)
+        if count:
+            members = ngettext("%d failed member", "%d failed members", count) % count
+            of = ngettext("%d batch", "%d batches", reopened) % reopened
+            verb = ngettext("was", "were", count)
+            self.message_user(request, f"{members} of {of} {verb} put back on the queue.", messages.SUCCESS)
+        else:
+            self.message_user(request, "The selected batches have no failed members to retry.", messages.WARNING)
+
+    @admin.action(description="Delete selected finished batches", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> HttpResponse | None:
+        """Delete the selected batches that have finished, after a confirmation page; refuse the others."""
+        finished = queryset.filter(finished_at__isnull=False)
+        if not request.POST.get("post"):
+            unfinished = queryset.filter(finished_at__isnull=True).count()
+            if unfinished:
+                message = ngettext("%d batch is not deleted: ", "%d batches are not deleted: ", unfinished)
+                self.message_user(request, message % unfinished + UNFINISHED_REFUSAL, messages.ERROR)
+        if not finished.exists():
+            return None
+        response: HttpResponse | None = admin_actions.delete_selected(self, request, finished)
+        return response
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
+        # The filter runs again in the DELETE: a batch reopened by a retry meanwhile stays.
+        queryset.filter(finished_at__isnull=False).delete()
+
+    def delete_model(self, request: HttpRequest, obj: JobBatch) -> None:
+        deleted, _ = JobBatch.objects.filter(pk=obj.pk, finished_at__isnull=False).delete()
+        if not deleted:
+            # Raised inside the delete view's transaction, so its log entry is rolled back.
+            raise _Reopened
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except _Reopened:
+            self.message_user(request, f"Batch {object_id} was not deleted: {UNFINISHED_REFUSAL}", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_change", args=[unquote(object_id)]))
+
+    # -- the change page and its buttons ----------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path(
+                "<int:pk>/cancel/",
+                self.admin_site.admin_view(require_POST(self.cancel_view)),
+                name="django_dbqueue_jobbatch_cancel",
+            ),
+            path(
+                "<int:pk>/retry/",
+                self.admin_site.admin_view(require_POST(self.retry_view)),
+                name="django_dbqueue_jobbatch_retry",
+            ),
+            *super().get_urls(),
+        ]
+
+    def cancel_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        if not JobBatch.objects.filter(pk=pk).exists():
+            return self._gone(request, pk)
+        if JobBatch.objects.filter(STATES["running"], pk=pk).exists():
+            deleted = batches.cancel(pk)
+            message = ngettext(
+                "Batch %(pk)d was cancelled: %(count)d waiting member was deleted; running members finish.",
+                "Batch %(pk)d was cancelled: %(count)d waiting members were deleted; running members finish.",
+                deleted,
+            ) % {"pk": pk, "count": deleted}
+            self.message_user(request, message, messages.SUCCESS)
+        else:
+            self.message_user(request, f"Batch {pk} was cancelled or finished already.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_change", args=[pk]))
+
+    def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        if not JobBatch.objects.filter(pk=pk).exists():
+            return self._gone(request, pk)
+        count = len(batches.retry_failed(pk))
+        if count:
+            message = ngettext(
+                "%(count)d failed member of batch %(pk)d was put back on the queue.",
+                "%(count)d failed members of batch %(pk)d were put back on the queue.",
+                count,
+            ) % {"count": count, "pk": pk}
+            self.message_user(request, message, messages.SUCCESS)
+        else:
+            self.message_user(request, f"Batch {pk} has no failed members to retry.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_change", args=[pk]))
+
+    def _gone(self, request: HttpRequest, pk: int) -> HttpResponse:
+        self.message_user(request, f"Batch {pk} no longer exists.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_changelist"))
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Add the batch's members: waiting and running ones (the job list), failed ones (the failed job list)."""
+        batch = self.get_object(request, unquote(object_id))
+        extra: dict[str, Any] = {**(extra_context or {})}
+        if batch is not None:
+            extra.update(self._members_context(request, batch))
+        return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    def _members_context(self, request: HttpRequest, batch: JobBatch) -> dict[str, Any]:
+        by_batch = urlencode({"batch_id": batch.pk})
+        context: dict[str, Any] = {
+            "can_cancel": self.has_cancel_permission(request) and batch.state == "running",
+            "can_retry": self.has_retry_permission(request) and batch.failed > 0,
+            "show_jobs": self._may_view(request, Job),
+            "show_failed": self._may_view(request, FailedJob),
+        }
+        if context["show_jobs"]:
+            context.update(
+                Job.objects.filter(batch_id=batch.pk).aggregate(
+                    waiting=Count("pk", filter=Q(reserved_at__isnull=True)),
+                    running=Count("pk", filter=Q(reserved_at__isnull=False)),
+                )
+            )
+            context["jobs_url"] = f"{reverse('admin:django_dbqueue_job_changelist')}?{by_batch}"
+        if context["show_failed"]:
+            failed = FailedJob.objects.filter(batch_id=batch.pk).order_by("id")
+            context["failed_members"] = list(
+                failed.only("id", "name", "exception_class", "failed_at")[:FAILED_MEMBERS_SHOWN]
+            )
+            context["failed_count"] = (
+                len(context["failed_members"])
+                if len(context["failed_members"]) < FAILED_MEMBERS_SHOWN
+                else failed.count()
+            )
+            context["failed_url"] = f"{reverse('admin:django_dbqueue_failedjob_changelist')}?{by_batch}"
+        return context
+
+    def _may_view(self, request: HttpRequest, model: type[Job] | type[FailedJob]) -> bool:
+        if self.admin_site.is_registered(model):
+            return bool(self.admin_site.get_model_admin(model).has_view_permission(request))
+        return False
+
+
+class _Reopened(Exception):
+    """A batch chosen for deletion was reopened by a retry before the DELETE ran."""
