@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from . import pauses, payload, schedules
+from . import dashboard, pauses, payload, schedules
 from .batch_admin import JobBatchAdmin
 from .db import DbNow
 from .models import CANCELLED_CLASS, FailedJob, Job, JobBatch, JobProgress, ScheduleState
@@ -306,6 +306,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     def get_urls(self) -> list[Any]:
         return [
             path("overview/", self.admin_site.admin_view(self.overview_view), name="django_dbqueue_overview"),
+            path("dashboard/", self.admin_site.admin_view(dashboard.view_for(self)), name="django_dbqueue_dashboard"),
             path(
                 "overview/pause/",
                 self.admin_site.admin_view(require_POST(self.pause_view)),

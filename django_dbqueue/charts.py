@@ -1,0 +1,140 @@
+"""Bar charts as inline SVG, drawn on the server: no JavaScript, nothing fetched.
+
+Colours are CSS classes (``dbq-<name>``) that the page styles with the admin's
+variables (``var(--link-fg)``, ``var(--error-fg)`` ...), so one chart reads in
+the admin's light and dark themes alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+# Room around the plot, in the SVG's own units: the y labels on the left, the x labels below.
+LEFT, RIGHT, TOP, BOTTOM = 40, 8, 10, 20
+
+
+@dataclass(frozen=True)
+class Series:
+    """One stacked layer of a bar chart: a value per bar, drawn with the class ``dbq-<css>``."""
+
+    label: str
+    css: str
+    values: Sequence[float]
+
+
+def nice_ceiling(value: float) -> int:
+    """The smallest of 1, 2, 3, 4, 5, 6, 8, 10, 20, 30 ... at or above ``value`` (1 for 0)."""
+    if value <= 1:
+        return 1
+    power = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 3, 4, 5, 6, 8, 10):
+        if step * power >= value:
+            return int(step * power)
+    return int(10 * power)  # pragma: no cover (the loop always returns)
+
+
+def _number(value: float) -> str:
+    return f"{value:.1f}".rstrip("0").rstrip(".")
+
+
+def bar_chart(
+    labels: Sequence[str],
+    series: Sequence[Series],
+    *,
+    title: str,
+    ticks: Sequence[tuple[int, str]] = (),
+    width: int = 560,
+    height: int = 150,
+    empty: str = "No runs recorded",
+) -> SafeString:
+    """Draw stacked bars, one per label, with a y axis from 0 and the x labels of ``ticks``
+    (bar index, text). Each bar's tooltip names its label and values."""
+    count = len(labels)
+    totals = [sum(layer.values[index] for layer in series) for index in range(count)]
+    top = nice_ceiling(max(totals, default=0))
+    plot_width = width - LEFT - RIGHT
+    plot_height = height - TOP - BOTTOM
+    slot = plot_width / max(count, 1)
+    gap = min(1.0, slot * 0.2)
+    summary = ", ".join(f"{sum(layer.values):g} {layer.label}" for layer in series)
+    parts = [
+        f'<svg class="dbq-chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="{escape(title)}: {escape(summary)}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(title)}: {escape(summary)}</title>",
+    ]
+    # A line half way only where it is a whole number of jobs.
+    for fraction in (0.0, 0.5, 1.0) if top % 2 == 0 else (0.0, 1.0):
+        y = TOP + plot_height * (1 - fraction)
+        parts.append(f'<line class="dbq-grid" x1="{LEFT}" x2="{width - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(
+            f'<text class="dbq-axis" x="{LEFT - 4}" y="{y + 3.5:.1f}" text-anchor="end">'
+            f"{_number(top * fraction)}</text>"
+        )
+    for index, label in enumerate(labels):
+        x = LEFT + index * slot + gap / 2
+        base: float = TOP + plot_height
+        tip = escape(label + ": " + ", ".join(f"{layer.values[index]:g} {layer.label}" for layer in series))
+        bar = [f"<g><title>{tip}</title>"]
+        # An invisible full-height target, so a bar of 0 has a tooltip too.
+        bar.append(f'<rect class="dbq-hit" x="{x:.2f}" y="{TOP}" width="{slot - gap:.2f}" height="{plot_height}"/>')
+        for layer in series:
+            value = layer.values[index]
+            if value <= 0:
+                continue
+            size = plot_height * value / top
+            base -= size
+            bar.append(
+                f'<rect class="dbq-{escape(layer.css)}" x="{x:.2f}" y="{base:.2f}" '
+                f'width="{slot - gap:.2f}" height="{size:.2f}"/>'
+            )
+        bar.append("</g>")
+        parts.append("".join(bar))
+    parts.append(
+        f'<line class="dbq-baseline" x1="{LEFT}" x2="{width - RIGHT}" y1="{TOP + plot_height}" '
+        f'y2="{TOP + plot_height}"/>'
+    )
+    for index, text in ticks:
+        x = LEFT + (index + 0.5) * slot
+        parts.append(f'<text class="dbq-axis" x="{x:.1f}" y="{height - 5}" text-anchor="middle">{escape(text)}</text>')
+    if not any(totals):
+        parts.append(
+            f'<text class="dbq-empty" x="{LEFT + plot_width / 2:.1f}" y="{TOP + plot_height / 2:.1f}" '
+            f'text-anchor="middle">{escape(empty)}</text>'
+        )
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # every text above is escaped
+
+
+def sparkline(series: Sequence[Series], *, title: str, width: int = 120, height: int = 22) -> SafeString:
+    """Draw small stacked bars without axes, scaled to their own highest bar."""
+    count = len(series[0].values) if series else 0
+    totals = [sum(layer.values[index] for layer in series) for index in range(count)]
+    top = max(totals, default=0) or 1
+    slot = width / max(count, 1)
+    summary = ", ".join(f"{sum(layer.values):g} {layer.label}" for layer in series)
+    parts = [
+        f'<svg class="dbq-spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="{escape(title)}: {escape(summary)}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(title)}: {escape(summary)}</title>",
+        f'<line class="dbq-baseline" x1="0" x2="{width}" y1="{height - 0.5}" y2="{height - 0.5}"/>',
+    ]
+    for index in range(count):
+        base = float(height)
+        for layer in series:
+            value = layer.values[index]
+            if value <= 0:
+                continue
+            # At least a pixel, so a single failure among thousands still shows.
+            size = max(height * value / top, 1.0)
+            base -= size
+            parts.append(
+                f'<rect class="dbq-{escape(layer.css)}" x="{index * slot:.2f}" y="{base:.2f}" '
+                f'width="{max(slot - 0.4, 0.4):.2f}" height="{size:.2f}"/>'
+            )
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # every text above is escaped

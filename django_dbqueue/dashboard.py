@@ -1,0 +1,460 @@
+"""The admin's queue dashboard: throughput and failures as charts, queue depth,
+run times per job name, the workers table and the paused queues.
+
+The figures come from the tables the workers keep (``JobHistory``, written with
+the heartbeat, see history.py; ``QueueWorker``, see workers.py) and from the
+queue counts of the overview (``operations.queue_overview``), read on
+``operations.read_alias()`` in a handful of grouped queries, whatever the
+number of jobs. ``gather`` returns them all; the view only draws them.
+
+History buckets are minutes of the workers' clocks, so the charts' windows are
+read on this process's clock (hosts are expected to run NTP); a worker's age
+is read on the database's clock, as ``workers.dead_rows`` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib.admin import ModelAdmin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Sum
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from . import history, workers
+from .charts import Series, bar_chart, sparkline
+from .db import DbNow
+from .models import FailedJob, JobHistory, QueueWorker
+from .operations import QueueStats, queue_overview, read_alias
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """A chart's period: ``span`` cut into bars of ``step``, the last bar holding ``now``."""
+
+    name: str
+    title: str
+    span: timedelta
+    step: timedelta
+
+    def starts(self, now: datetime) -> list[datetime]:
+        """The start of each bar, oldest first, aligned on ``step`` (UTC)."""
+        step = self.step.total_seconds()
+        stamp = now.timestamp()
+        last = stamp - stamp % step
+        count = int(self.span / self.step)
+        return [datetime.fromtimestamp(last - (count - 1 - index) * step, tz=UTC) for index in range(count)]
+
+
+# Written where there is no figure.
+NOTHING = "\N{EN DASH}"
+
+HOUR = Window("hour", "Last hour, per minute", timedelta(hours=1), timedelta(minutes=1))
+DAY = Window("day", "Last 24 hours, per 10 minutes", timedelta(days=1), timedelta(minutes=10))
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """Runs that ended in one bar of a chart."""
+
+    start: datetime
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+
+    @property
+    def failures(self) -> int:
+        """Runs that raised: failed for good, or released to run again."""
+        return self.failed + self.retried
+
+
+def sum_points(points: Iterable[Point]) -> Point:
+    """One point with the counts of ``points`` (its start: the first one's)."""
+    points = list(points)
+    return Point(
+        points[0].start if points else datetime.fromtimestamp(0, tz=UTC),
+        sum(point.succeeded for point in points),
+        sum(point.failed for point in points),
+        sum(point.retried for point in points),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTimes:
+    """How long a job name's runs took over a period, read from the history's run-time buckets."""
+
+    runs: int = 0
+    failures: int = 0
+    # Seconds; math.inf: longer than the last bound of ``history.BOUNDS``; None: no run.
+    p50: float | None = None
+    p95: float | None = None
+    mean: float | None = None
+
+    @property
+    def p50_label(self) -> str:
+        return duration(self.p50, bound=True)
+
+    @property
+    def p95_label(self) -> str:
+        return duration(self.p95, bound=True)
+
+    @property
+    def mean_label(self) -> str:
+        return duration(self.mean)
+
+    @classmethod
+    def of(cls, totals: history.Totals) -> RunTimes:
+        runs = totals.ended
+        return cls(
+            runs,
+            totals.failed + totals.retried,
+            _percentile(totals, 0.5),
+            _percentile(totals, 0.95),
+            totals.run_time / runs if runs else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class NameRunTimes:
+    name: str
+    hour: RunTimes
+    day: RunTimes
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRow:
+    """A worker's row with its ages on the database's clock."""
+
+    worker: QueueWorker
+    seen_ago: float
+    up_for: float
+
+    @property
+    def dead(self) -> bool:
+        """The worker missed its last three beats (``workers.dead_after``)."""
+        return self.seen_ago > workers.dead_after()
+
+    @property
+    def seen_label(self) -> str:
+        return age(self.seen_ago)
+
+    @property
+    def up_label(self) -> str:
+        return age(self.up_for)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueRow:
+    """A queue's counts now and its runs over the last hour (per minute) and day."""
+
+    stats: QueueStats
+    hour: list[Point]
+    day: Point
+
+    @property
+    def hour_total(self) -> Point:
+        return sum_points(self.hour)
+
+    @property
+    def oldest_label(self) -> str:
+        return age(self.stats.oldest_waiting_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dashboard:
+    """Everything the dashboard page shows, for one queue or for all (``queue`` None)."""
+
+    now: datetime
+    queue: str | None
+    hour: list[Point]
+    day: list[Point]
+    queues: list[QueueRow]
+    names: list[NameRunTimes]
+    workers: list[WorkerRow]
+
+    @property
+    def stats(self) -> QueueStats:
+        """The counts of the queue shown, or of all queues summed (the oldest waiting age: the largest)."""
+        rows = [row.stats for row in self.queues if self.queue is None or row.stats.queue == self.queue]
+        ages = [stats.oldest_waiting_seconds for stats in rows if stats.oldest_waiting_seconds is not None]
+        return QueueStats(
+            self.queue or "",
+            waiting=sum(stats.waiting for stats in rows),
+            delayed=sum(stats.delayed for stats in rows),
+            reserved=sum(stats.reserved for stats in rows),
+            failed=sum(stats.failed for stats in rows),
+            oldest_waiting_seconds=max(ages) if ages else None,
+            blocked=sum(stats.blocked for stats in rows),
+        )
+
+    @property
+    def paused(self) -> list[QueueStats]:
+        return [row.stats for row in self.queues if row.stats.paused]
+
+    @property
+    def live_workers(self) -> int:
+        return sum(1 for row in self.workers if not row.dead)
+
+    @property
+    def hour_total(self) -> Point:
+        return sum_points(self.hour)
+
+    @property
+    def day_total(self) -> Point:
+        return sum_points(self.day)
+
+
+# -- gathering -----------------------------------------------------------------
+
+
+def _percentile(totals: history.Totals, q: float) -> float | None:
+    value = totals.percentile(q)
+    # ``percentile`` gives the last bound for the runs longer than it, too.
+    if value == history.BOUNDS[-1] and sum(totals.bins[:-1]) < q * sum(totals.bins):
+        return math.inf
+    return value
+
+
+def _history(since: datetime, queue: str | None, by: Sequence[str], sums: Sequence[str]) -> list[dict[str, Any]]:
+    """The sums of the columns ``sums`` of the history rows since ``since``, grouped by the columns ``by``."""
+    rows = JobHistory.objects.using(read_alias()).filter(bucket__gte=since)
+    if queue is not None:
+        rows = rows.filter(queue=queue)
+    grouped: Iterable[dict[str, Any]] = rows.order_by().values(*by).annotate(**{name: Sum(name) for name in sums})
+    # SUM gives a Decimal on some databases, and None for no row.
+    return [
+        {**row, **{name: (float if name == "run_time" else int)(row[name] or 0) for name in sums}} for row in grouped
+    ]
+
+
+_COUNTS = ("succeeded", "failed", "retried")
+
+
+def _binned(starts: Sequence[datetime], step: timedelta, rows: Iterable[dict[str, Any]]) -> list[Point]:
+    """Add the minute rows to the bar they fall in; a minute after the last bar (a clock ahead) counts in it."""
+    counts = [[0, 0, 0] for _ in starts]
+    for row in rows:
+        index = min(max(int((row["bucket"] - starts[0]) / step), 0), len(starts) - 1)
+        counts[index][0] += row["succeeded"]
+        counts[index][1] += row["failed"]
+        counts[index][2] += row["retried"]
+    return [Point(start, *count) for start, count in zip(starts, counts, strict=True)]
+
+
+def series(window: Window, now: datetime, *, queue: str | None = None) -> list[Point]:
+    """Runs that ended per bar of ``window`` up to ``now``, of ``queue`` or of all queues."""
+    starts = window.starts(now)
+    return _binned(starts, window.step, _history(starts[0], queue, ["bucket"], _COUNTS))
+
+
+def series_by_queue(window: Window, now: datetime) -> dict[str, list[Point]]:
+    """``series`` for each queue with runs in ``window``."""
+    starts = window.starts(now)
+    by_queue: dict[str, list[dict[str, Any]]] = {}
+    for row in _history(starts[0], None, ["queue", "bucket"], _COUNTS):
+        by_queue.setdefault(row["queue"], []).append(row)
+    return {queue: _binned(starts, window.step, rows) for queue, rows in sorted(by_queue.items())}
+
+
+def totals_by_queue(since: datetime) -> dict[str, Point]:
+    """Runs that ended since ``since``, per queue."""
+    rows = _history(since, None, ["queue"], _COUNTS)
+    return {row["queue"]: Point(since, row["succeeded"], row["failed"], row["retried"]) for row in rows}
+
+
+def _totals_by_name(since: datetime, queue: str | None) -> dict[str, history.Totals]:
+    return {
+        row["name"]: history.Totals(
+            started=row["started"],
+            succeeded=row["succeeded"],
+            failed=row["failed"],
+            retried=row["retried"],
+            run_time=row["run_time"],
+            bins=[row[name] for name in history.BINS],
+        )
+        for row in _history(since, queue, ["name"], history.ADDED)
+    }
+
+
+def run_times(now: datetime, *, queue: str | None = None) -> list[NameRunTimes]:
+    """Run times (p50, p95, mean) per job name over the last hour and day, by name."""
+    hour = _totals_by_name(now - HOUR.span, queue)
+    day = _totals_by_name(now - DAY.span, queue)
+    return [
+        NameRunTimes(name, RunTimes.of(hour.get(name, history.Totals())), RunTimes.of(totals))
+        for name, totals in sorted(day.items())
+    ]
+
+
+def worker_rows(*, queue: str | None = None) -> list[WorkerRow]:
+    """Every worker's row (dead ones too, until pruned), by host and pid; only those serving ``queue`` if given."""
+    rows = QueueWorker.objects.using(read_alias()).annotate(db_now=DbNow()).order_by("hostname", "pid", "worker_id")
+    return [
+        WorkerRow(
+            row,
+            max((row.db_now - row.last_seen_at).total_seconds(), 0.0),
+            max((row.db_now - row.started_at).total_seconds(), 0.0),
+        )
+        for row in rows
+        if queue is None or queue in row.queue_list
+    ]
+
+
+def queue_rows(now: datetime, live: Iterable[WorkerRow] = ()) -> list[QueueRow]:
+    """Every queue that holds or failed jobs, is paused, ran jobs in the last day or is served by
+    a live worker in ``live``, by name."""
+    stats = {item.queue: item for item in queue_overview()}
+    hour = series_by_queue(HOUR, now)
+    day = totals_by_queue(now - DAY.span)
+    served = {queue for row in live if not row.dead for queue in row.worker.queue_list}
+    empty = [Point(start) for start in HOUR.starts(now)]
+    return [
+        QueueRow(stats.get(queue, QueueStats(queue)), hour.get(queue, empty), day.get(queue, Point(now)))
+        for queue in sorted({*stats, *hour, *day, *served})
+    ]
+
+
+def gather(now: datetime | None = None, *, queue: str | None = None) -> Dashboard:
+    """Read every figure of the dashboard; ``now`` (default: this process's clock) ends the charts."""
+    now = now or timezone.now()
+    worker_list = worker_rows()
+    return Dashboard(
+        now=now,
+        queue=queue,
+        hour=series(HOUR, now, queue=queue),
+        day=series(DAY, now, queue=queue),
+        queues=queue_rows(now, worker_list),
+        names=run_times(now, queue=queue),
+        workers=[row for row in worker_list if queue is None or queue in row.worker.queue_list],
+    )
+
+
+# -- drawing -------------------------------------------------------------------
+
+
+def duration(seconds: float | None, *, bound: bool = False) -> str:
+    """``12 ms``, ``1.5 s``, ``3 min``; with ``bound``, as a bucket's upper bound (``≤ 250 ms``)."""
+    if seconds is None:
+        return NOTHING
+    if math.isinf(seconds):
+        return f"> {duration(history.BOUNDS[-1])}"
+    if seconds < 1:
+        text = f"{seconds * 1000:.3g} ms"
+    elif seconds < 120:
+        text = f"{seconds:.3g} s"
+    elif seconds < 7200:
+        text = f"{seconds / 60:.0f} min"
+    else:
+        text = f"{seconds / 3600:.1f} h"
+    return f"≤ {text}" if bound else text
+
+
+def age(seconds: float | None) -> str:
+    """``42 s``, ``7 min``, ``3.5 h``: how long ago, or how long for, to the second."""
+    if seconds is None:
+        return NOTHING
+    if seconds < 1:
+        return "< 1 s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return duration(seconds)
+
+
+def _labels(window: Window, points: Sequence[Point]) -> tuple[list[str], list[tuple[int, str]]]:
+    """Each bar's tooltip label and the x axis ticks, in the current time zone."""
+    local = [timezone.localtime(point.start) for point in points]
+    if window.step < timedelta(minutes=5):
+        labels = [moment.strftime("%H:%M") for moment in local]
+        ticks = [(index, labels[index]) for index, moment in enumerate(local) if moment.minute % 10 == 0]
+    else:
+        labels = [f"{moment:%a %H:%M}\N{EN DASH}{moment + window.step:%H:%M}" for moment in local]
+        ticks = [
+            (index, f"{moment:%H:%M}")
+            for index, moment in enumerate(local)
+            if moment.minute == 0 and moment.hour % 3 == 0
+        ]
+    return labels, ticks
+
+
+@dataclasses.dataclass(frozen=True)
+class ChartPair:
+    window: Window
+    succeeded: SafeString
+    failures: SafeString
+    total: Point
+
+
+def charts(window: Window, points: Sequence[Point]) -> ChartPair:
+    """The succeeded chart and the failures chart (failed and retried, stacked) of ``points``."""
+    labels, ticks = _labels(window, points)
+    unit = "minute" if window.step == timedelta(minutes=1) else f"{window.step.total_seconds() / 60:.0f} minutes"
+    succeeded = bar_chart(
+        labels,
+        [Series("succeeded", "ok", [point.succeeded for point in points])],
+        title=f"Succeeded per {unit}, {window.title.split(',')[0].lower()}",
+        ticks=ticks,
+    )
+    failures = bar_chart(
+        labels,
+        [
+            Series("failed", "failed", [point.failed for point in points]),
+            Series("retried", "retried", [point.retried for point in points]),
+        ],
+        title=f"Failed and retried per {unit}, {window.title.split(',')[0].lower()}",
+        ticks=ticks,
+        empty="No failures",
+    )
+    return ChartPair(window, succeeded, failures, sum_points(points))
+
+
+def spark(points: Sequence[Point], queue: str) -> SafeString:
+    return sparkline(
+        [
+            Series("succeeded", "ok", [point.succeeded for point in points]),
+            Series("failed", "failed", [point.failed for point in points]),
+            Series("retried", "retried", [point.retried for point in points]),
+        ],
+        title=f"Queue {queue}, last hour per minute",
+    )
+
+
+def view_for(model_admin: ModelAdmin[Any]) -> Callable[[HttpRequest], HttpResponse]:
+    """The dashboard view of the job admin ``model_admin``: for users who may view jobs
+    (as the overview's job counts); the dead-letter counts only with view_failedjob."""
+
+    def dashboard_view(request: HttpRequest) -> HttpResponse:
+        if not model_admin.has_view_permission(request):
+            raise PermissionDenied
+        site = model_admin.admin_site
+        show_failed = site.is_registered(FailedJob) and site.get_model_admin(FailedJob).has_view_permission(request)
+        queue = request.GET.get("queue") or None
+        data = gather(queue=queue)
+        context = {
+            **site.each_context(request),
+            "title": f"Queue dashboard: {queue}" if queue else "Queue dashboard",
+            "opts": model_admin.model._meta,
+            "data": data,
+            "stats": data.stats,
+            "charts": [charts(HOUR, data.hour), charts(DAY, data.day)],
+            "queues": [(row, spark(row.hour, row.stats.queue)) for row in data.queues],
+            "queue_names": [row.stats.queue for row in data.queues],
+            "show_failed": show_failed,
+            "history_on": history.enabled(),
+            "dead_after": workers.dead_after(),
+            "oldest_waiting": age(data.stats.oldest_waiting_seconds),
+            "bounds": f"{duration(history.BOUNDS[0])} to {duration(history.BOUNDS[-1])}",
+            "overview_url": reverse(f"{site.name}:django_dbqueue_overview"),
+            "jobs_url": reverse(f"{site.name}:django_dbqueue_job_changelist"),
+            "failed_url": reverse(f"{site.name}:django_dbqueue_failedjob_changelist") if show_failed else "",
+        }
+        return TemplateResponse(request, "admin/django_dbqueue/dashboard.html", context)
+
+    return dashboard_view
