@@ -9,11 +9,15 @@ from typing import Any
 import django
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
+from django.urls import NoReverseMatch, reverse
 
 from . import conf, middleware, rates, registry, validation
 
 CLAIM_VENDORS = ("postgresql", "mysql", "sqlite")
+# Characters a METRICS_TOKEN needs at least: a short one can be guessed.
+MIN_TOKEN_LENGTH = 16
 
 
 def _number(value: Any, *, minimum: float, integer: bool = False) -> bool:
@@ -102,6 +106,11 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "WORKER_BEAT": ("a number >= 0.1 (seconds)", lambda v: _number(v, minimum=0.1)),
     "HISTORY": ("a bool", lambda v: isinstance(v, bool)),
     "HISTORY_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
+    "METRICS_TOKEN": (
+        f"a string of at least {MIN_TOKEN_LENGTH} characters that neither starts nor ends with a space "
+        "(such as secrets.token_urlsafe()), or None",
+        lambda v: v is None or (isinstance(v, str) and len(v) >= MIN_TOKEN_LENGTH and v == v.strip()),
+    ),
 }
 assert set(VALIDATORS) == set(conf.DEFAULTS)
 
@@ -377,3 +386,24 @@ def check_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
                 )
             )
     return messages
+
+
+@register(Tags.urls)
+def check_metrics_extra(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """The metrics view, once mounted, needs the ``prometheus`` extra."""
+    from .metrics import prometheus_installed
+
+    if prometheus_installed():
+        return []
+    try:
+        reverse("dbqueue_metrics:metrics")
+    except (NoReverseMatch, ImproperlyConfigured):
+        return []
+    return [
+        Warning(
+            "django_dbqueue.metrics_urls is mounted, but prometheus_client is not installed: "
+            "the metrics view answers 501.",
+            hint="pip install 'django-dbqueue[prometheus]'.",
+            id="dbqueue.W008",
+        )
+    ]

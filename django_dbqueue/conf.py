@@ -79,6 +79,10 @@ DEFAULTS: dict[str, Any] = {
     "HISTORY": True,
     # Hours after which idle workers delete history rows; None keeps them.
     "HISTORY_MAX_AGE": 24 * 7,
+    # A secret that opens the metrics and health views (metrics_urls.py) to a client
+    # that sends it as "Authorization: Bearer <token>" or ?token=; None: logged-in
+    # users with the django_dbqueue.view_job permission only.
+    "METRICS_TOKEN": None,
 }
 
 

@@ -1,0 +1,238 @@
+"""Health checks for probes: ``queue_health`` (exit 0, 1 or 2) and ``health_view`` (JSON, 200 or 503).
+
+Three checks, in this order:
+
+- **database**: the queue's database (and ``READ_DATABASE``, if set) answers
+  ``SELECT 1``. If not, nothing else can be told: the status is *unknown*.
+- **workers**: at least N worker rows (one per ``queue_work`` process, or per
+  child of ``--concurrency``) of a host, or of any host, have beaten within
+  ``workers.dead_after()`` seconds (three ``WORKER_BEAT``), by the database's clock.
+- **queues**: no queue has more than ``max_depth`` waiting jobs (ready to run,
+  not claimed: delayed, blocked and reserved jobs are not counted), and none has
+  a waiting job older than ``max_age`` seconds. A paused queue is not judged:
+  its jobs wait because an operator said so.
+
+The status is the worst of the checks': healthy (0) < unhealthy (1) < unknown (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_safe
+
+from . import operations, workers
+from .db import alias
+from .metrics import refusal
+from .models import QueueWorker
+
+
+class Status(enum.IntEnum):
+    """A check's outcome; the value is ``queue_health``'s exit code."""
+
+    HEALTHY = 0
+    UNHEALTHY = 1
+    # The database cannot be read: whether the queue is healthy cannot be told.
+    UNKNOWN = 2
+
+    @property
+    def word(self) -> str:
+        return self.name.lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    check: str
+    status: Status
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    findings: tuple[Finding, ...]
+
+    @property
+    def status(self) -> Status:
+        return max((finding.status for finding in self.findings), default=Status.HEALTHY)
+
+    @property
+    def reason(self) -> str:
+        """One line: the reasons of the worst findings, or of every finding when all are healthy."""
+        worst = [finding.reason for finding in self.findings if finding.status == self.status]
+        return f"{self.status.word}: {'; '.join(worst)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status.word,
+            "reason": self.reason,
+            "checks": [
+                {"check": finding.check, "status": finding.status.word, "reason": finding.reason}
+                for finding in self.findings
+            ],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """What a probe asks for; None and 0 leave a check out."""
+
+    # Live workers needed, and on which host (None: any host).
+    workers: int = 1
+    host: str | None = None
+    # Most waiting jobs a queue may hold, and most seconds its oldest may have waited.
+    max_depth: int | None = None
+    max_age: float | None = None
+    # The queues to judge; None: every queue with jobs.
+    queues: Sequence[str] | None = None
+
+
+def this_host() -> str:
+    """This machine's name as worker rows store it (``workers.register``)."""
+    return socket.gethostname()[:100]
+
+
+def check_database() -> Finding:
+    aliases = list(dict.fromkeys([alias(), operations.read_alias()]))
+    for name in aliases:
+        try:
+            with connections[name].cursor() as cursor:
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
+        except DatabaseError as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return Finding("database", Status.UNKNOWN, f"database {name!r} unreachable: {first_line}")
+    return Finding("database", Status.HEALTHY, f"database {' and '.join(map(repr, aliases))} reachable")
+
+
+def check_workers(needed: int, host: str | None) -> Finding:
+    rows = QueueWorker.objects.exclude(workers.dead_rows())
+    if host is not None:
+        rows = rows.filter(hostname=host)
+    live = rows.count()
+    where = f"on host {host!r}" if host is not None else "on any host"
+    found = f"{_jobs(live, 'live worker')} {where}"
+    if live >= needed:
+        return Finding("workers", Status.HEALTHY, found)
+    return Finding(
+        "workers",
+        Status.UNHEALTHY,
+        f"{found}, {needed} needed (a worker is live if it beat within {workers.dead_after():g} s)",
+    )
+
+
+def check_queues(max_depth: int | None, max_age: float | None, queues: Sequence[str] | None) -> list[Finding]:
+    stats = operations.queue_overview_of(queues) if queues else operations.queue_overview()
+    findings = []
+    for item in stats:
+        if item.paused:
+            continue
+        if max_depth is not None and item.waiting > max_depth:
+            findings.append(
+                Finding(
+                    "queues",
+                    Status.UNHEALTHY,
+                    f"queue {item.queue!r} has {_jobs(item.waiting, 'waiting job')} (max {max_depth})",
+                )
+            )
+        age = item.oldest_waiting_seconds
+        if max_age is not None and age is not None and age > max_age:
+            findings.append(
+                Finding(
+                    "queues",
+                    Status.UNHEALTHY,
+                    f"queue {item.queue!r} has a job waiting for {age:.0f} s (max {max_age:g} s)",
+                )
+            )
+    if findings:
+        return findings
+    limits = []
+    if max_depth is not None:
+        limits.append(f"{_jobs(max_depth, 'waiting job')}")
+    if max_age is not None:
+        limits.append(f"a wait of {max_age:g} s")
+    return [Finding("queues", Status.HEALTHY, f"no queue over {' or '.join(limits)}")]
+
+
+def _jobs(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
+
+
+def probe(thresholds: Thresholds) -> Report:
+    """Run the checks ``thresholds`` ask for; the database's first, and nothing else if it cannot be read."""
+    database = check_database()
+    if database.status != Status.HEALTHY:
+        return Report((database,))
+    findings = [database]
+    try:
+        if thresholds.workers:
+            findings.append(check_workers(thresholds.workers, thresholds.host))
+        if thresholds.max_depth is not None or thresholds.max_age is not None:
+            findings.extend(check_queues(thresholds.max_depth, thresholds.max_age, thresholds.queues))
+    except DatabaseError as exc:
+        # Reachable, but the tables cannot be read (not migrated, no privilege, a lost connection).
+        findings.append(
+            Finding("database", Status.UNKNOWN, f"the queue's tables cannot be read: {exc}".splitlines()[0])
+        )
+    return Report(tuple(findings))
+
+
+# -- the view -------------------------------------------------------------------
+
+
+def _json(data: dict[str, Any], status: int) -> JsonResponse:
+    response = JsonResponse(data, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def thresholds_from(query: Any) -> Thresholds:
+    """Read ``?workers=&host=&max_depth=&max_age=&queue=`` (``queue`` repeated or comma-separated);
+    raise ``argparse.ArgumentTypeError`` naming a bad value."""
+    from .management import options
+
+    def one(name: str, parse: Any, default: Any, text: str | None = None) -> Any:
+        text = query.get(name) if text is None else text
+        if not text:
+            return default
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+
+    names = [name for text in query.getlist("queue") for name in text.split(",") if name]
+    queues = [one("queue", options.queue_name, None, name) for name in names]
+    return Thresholds(
+        workers=one("workers", options.whole_number(0), 1),
+        host=query.get("host") or None,
+        max_depth=one("max_depth", options.whole_number(0), None),
+        max_age=one("max_age", options.seconds(0), None),
+        queues=queues or None,
+    )
+
+
+@require_safe
+def health_view(request: HttpRequest) -> JsonResponse:
+    """Answer 200 with the checks when the queue is healthy, 503 when it is not or cannot be told.
+
+    Without ``?host=`` the workers of any host count: the web process that serves
+    this view is seldom where the workers run.
+    """
+    reason = refusal(request)
+    if reason is not None:
+        response = _json({"detail": reason[1]}, status=reason[0])
+        if reason[0] == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="dbqueue"'
+        return response
+    try:
+        thresholds = thresholds_from(request.GET)
+    except argparse.ArgumentTypeError as exc:
+        return _json({"detail": str(exc)}, status=400)
+    report = probe(thresholds)
+    return _json(report.as_dict(), status=200 if report.status == Status.HEALTHY else 503)

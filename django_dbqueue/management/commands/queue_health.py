@@ -1,0 +1,73 @@
+"""``manage.py queue_health``: a probe for Kubernetes or systemd; exit 0 healthy, 1 unhealthy, 2 cannot tell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_dbqueue import health
+from django_dbqueue.management import options
+
+
+class Command(BaseCommand):
+    help = (
+        "Check that the queue's database answers, that this host runs live workers, and (with "
+        "--max-depth or --max-age) that no queue is falling behind. Print one line and exit 0 when "
+        "healthy, 1 when unhealthy, 2 when it cannot be told (the database cannot be read, or bad options)."
+    )
+    # A probe runs every few seconds: no system checks, only the database's answer.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--workers",
+            type=options.whole_number(0),
+            default=1,
+            metavar="N",
+            help="Live workers needed on the host: queue_work processes, or children of --concurrency; "
+            "0 skips the check (default: 1).",
+        )
+        hosts = parser.add_mutually_exclusive_group()
+        hosts.add_argument(
+            "--host",
+            default=health.this_host(),
+            help="Count the workers of this host name (default: this machine's, %(default)s).",
+        )
+        hosts.add_argument("--any-host", action="store_true", help="Count the workers of every host.")
+        parser.add_argument(
+            "--max-depth",
+            type=options.whole_number(0),
+            default=None,
+            metavar="N",
+            help="Unhealthy when a queue has more than N waiting jobs (default: no limit).",
+        )
+        parser.add_argument(
+            "--max-age",
+            type=options.seconds(0),
+            default=None,
+            metavar="SECONDS",
+            help="Unhealthy when a queue's oldest waiting job has waited longer (default: no limit).",
+        )
+        parser.add_argument(
+            "--queue",
+            type=options.queue_name,
+            nargs="+",
+            action="extend",
+            default=None,
+            help="Queues that --max-depth and --max-age judge (default: every queue with jobs).",
+        )
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        report = health.probe(
+            health.Thresholds(
+                workers=opts["workers"],
+                host=None if opts["any_host"] else opts["host"],
+                max_depth=opts["max_depth"],
+                max_age=opts["max_age"],
+                queues=opts["queue"],
+            )
+        )
+        if report.status != health.Status.HEALTHY:
+            raise CommandError(report.reason, returncode=int(report.status))
+        self.stdout.write(self.style.SUCCESS(report.reason))
