@@ -412,6 +412,13 @@ def members_ended(
         _enqueue_callbacks(using, row, fire)
 
 
+def finished_by_members(using: str, batch_ids: Iterable[int]) -> None:
+    """In the transaction whose statement took these batches' ``pending`` to 0
+    (``JobManager.finish_and_reserve``): finish them, enqueueing their callbacks."""
+    for row in JobBatch.objects.using(using).filter(pk__in=sorted(batch_ids), finished_at__isnull=True):
+        _finish(row, cancelled=row.cancelled_at is not None)
+
+
 def _finish(row: JobBatch, *, cancelled: bool, enqueue: bool = True) -> list[str]:
     """Mark ``row`` finished (in the caller's transaction); return the callbacks that fire (and enqueue them)."""
     using = row._state.db or alias()

@@ -191,16 +191,19 @@ class JobManager(models.Manager["Job"]):
             or not queues
             or queues[0] in paused(using)
             or uses_flow_claim(queues[0])
-            or any(job.concurrency_key or job.batch_id for job in done)
+            or any(job.concurrency_key for job in done)
         ):
             deleted = self.delete_many_reserved(done)
             return deleted, reserve()
         connection = connections[using]
         walk = walks(queues[0])
-        with bound_cursor(connection) as cursor:
+        members = any(job.batch_id for job in done)
+        # Batch members: their batches' counters move in the same statement, in a
+        # transaction that enqueues the callbacks of a batch it finished (batches.py).
+        with transaction.atomic(using=using) if members else nullcontext(), bound_cursor(connection) as cursor:
             started = time.monotonic()
             cursor.execute(
-                _finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0])),
+                _finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members=members),
                 [
                     *([job.pk for job in done], [job.attempts for job in done]),
                     *claim_params(worker_id, queues[0], limit, walk=walk),
@@ -208,13 +211,21 @@ class JobManager(models.Manager["Job"]):
             )
             rows = cursor.fetchall()
             timed(queues[0], walk, time.monotonic() - started)
+            if members and rows[0][0]:
+                from .batches import finished_by_members
+
+                finished_by_members(using, rows[0][0])
+        finished = rows[0][0] if members else None
+        if members:
+            rows = [row[1:] for row in rows]
         deleted = set(rows[0][0])
         jobs = plain_claimed(using, queues[0], from_claim(using, [row[1:] for row in rows if row[1] is not None]))
         if not jobs:
-            # The first queue is empty: the others, then as ``reserve_many``.
+            # The first queue is empty: the others, then as ``reserve_many``. (All of
+            # them if a batch just finished: its callbacks came after the claim.)
             from .claims import claim
 
-            jobs = claim(using, queues[1:], limit, worker_id)
+            jobs = claim(using, queues if finished else queues[1:], limit, worker_id)
             if not jobs:
                 jobs = self._reclaim_and_claim(queues, limit, worker_id, default_tries, before_reclaim)
         return deleted, jobs
@@ -583,35 +594,65 @@ def sql_names(connection: Any, *fields: str) -> list[str]:
 @cached_sql
 def _delete_sql(connection: Any) -> str:
     """PostgreSQL: delete the rows whose (id, attempts) are in two arrays, returning their ids."""
-    table, pk, attempts = sql_names(connection, "id", "attempts")
+    return _delete_returning(connection)
+
+
+def _delete_returning(connection: Any, *fields: str) -> str:
+    """``_delete_sql``, returning ``fields`` besides the id."""
+    table, pk, attempts, *others = sql_names(connection, "id", "attempts", *fields)
+    extra = "".join(f", {table}.{column} AS {name}" for name, column in zip(fields, others, strict=True))
     return (
         f"DELETE FROM {table} USING unnest(%s::bigint[], %s::bigint[]) AS done (id, attempts) "
-        f"WHERE {table}.{pk} = done.id AND {table}.{attempts} = done.attempts RETURNING {table}.{pk} AS id"
+        f"WHERE {table}.{pk} = done.id AND {table}.{attempts} = done.attempts RETURNING {table}.{pk} AS id{extra}"
     )
 
 
-def _finish_and_claim_sql(connection: Any, walk: bool, clear: bool) -> str:
+def _finish_and_claim_sql(connection: Any, walk: bool, clear: bool, *, members: bool = False) -> str:
     """PostgreSQL: ``_delete_sql`` and ``claims.claim_sql`` in one statement and one transaction.
 
     Each row holds the array of deleted ids, then a claimed row's columns; when
     nothing was claimed, one row holds the array and NULLs. Both parts read the
     same snapshot; they never touch the same rows (one deletes rows this worker
     holds, the other claims rows nobody does).
+
+    With ``members`` (some of the jobs are batch members), each batch's
+    ``pending`` goes down by its members deleted, and every row starts with the
+    array of the batches that reached 0 (``batches.finished_by_members``).
     """
-    key = (connection.vendor, walk, clear)
+    key = (connection.vendor, walk, clear, members)
     text = _FINISH_AND_CLAIM.get(key)
     if text is None:
         from .claims import claim_sql
 
-        text = _FINISH_AND_CLAIM[key] = (
-            f"WITH done AS ({_delete_sql(connection)}), claimed AS ({claim_sql(connection, walk=walk, clear=clear)}) "
-            "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
-        )
+        claim = claim_sql(connection, walk=walk, clear=clear)
+        if not members:
+            text = (
+                f"WITH done AS ({_delete_sql(connection)}), claimed AS ({claim}) "
+                "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
+            )
+        else:
+            qn = connection.ops.quote_name
+            batch, batch_id, pending = (
+                qn(JobBatch._meta.db_table),
+                qn(str(JobBatch._meta.get_field("id").column)),
+                qn(str(JobBatch._meta.get_field("pending").column)),
+            )
+            text = (
+                f"WITH done AS ({_delete_returning(connection, 'batch_id')}), "
+                f"counted AS (SELECT batch_id, count(*) AS n FROM done WHERE batch_id IS NOT NULL GROUP BY batch_id), "
+                f"moved AS (UPDATE {batch} SET {pending} = {batch}.{pending} - counted.n FROM counted "
+                f"WHERE {batch}.{batch_id} = counted.batch_id "
+                f"RETURNING {batch}.{batch_id} AS id, {batch}.{pending} AS left), "
+                f"claimed AS ({claim}) "
+                "SELECT ARRAY(SELECT id FROM moved WHERE moved.left = 0), ARRAY(SELECT id FROM done), claimed.* "
+                "FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
+            )
+        _FINISH_AND_CLAIM[key] = text
     return text
 
 
-# ``_finish_and_claim_sql`` per vendor, walk and clear (see ``claims.claim_sql``).
-_FINISH_AND_CLAIM: dict[tuple[str, bool, bool], str] = {}
+# ``_finish_and_claim_sql`` per vendor, walk, clear and members (see ``claims.claim_sql``).
+_FINISH_AND_CLAIM: dict[tuple[str, bool, bool, bool], str] = {}
 
 
 def _slots_freed(using: str, jobs: Iterable[Job]) -> None:
