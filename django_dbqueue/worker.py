@@ -653,6 +653,7 @@ class Worker:
 
     def _conclude(self, job: Job, outcome: Outcome) -> None:
         """Record the outcome of a job that ran (or batch its DELETE), then report it."""
+        self.stats.stopped(job)
         if self._lost_connection(job, outcome):
             outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True, counts_exception=False)
         duration = outcome.duration

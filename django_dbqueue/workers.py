@@ -77,7 +77,13 @@ class Stats:
         with self._lock:
             self._running[job.pk] = (time.monotonic(), f"{job.name} #{job.pk}"[:255])
 
+    def stopped(self, job: Job) -> None:
+        """The run of ``job`` ended (its outcome may wait for the next batched DELETE)."""
+        with self._lock:
+            self._running.pop(job.pk, None)
+
     def ended(self, job: Job, *, failed: bool) -> None:
+        """The outcome of ``job`` was stored."""
         with self._lock:
             self._running.pop(job.pk, None)
             self.processed += 1

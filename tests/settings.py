@@ -112,6 +112,8 @@ DBQUEUE = {
     "NETWORK_TIMEOUT": float(os.environ.get("DBQUEUE_TEST_NETWORK_TIMEOUT", "30")),
     "LISTEN": os.environ.get("DBQUEUE_TEST_LISTEN", "1") == "1",
     "LISTEN_DATABASE": "direct" if "direct" in DATABASES else None,
+    # Worker processes of the workers-table tests beat faster (DBQUEUE["WORKER_BEAT"]).
+    "WORKER_BEAT": float(os.environ.get("DBQUEUE_TEST_WORKER_BEAT", "10")),
 }
 if os.environ.get("DBQUEUE_TEST_RATE_LIMITS"):
     # Worker processes of the rate limit tests: DBQUEUE["RATE_LIMITS"], as JSON.
