@@ -77,8 +77,9 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_BEAT": 10,
     # Count runs per minute, queue and job name (history.py), written with the heartbeat.
     "HISTORY": True,
-    # Hours after which idle workers delete history rows; None keeps them.
-    "HISTORY_MAX_AGE": 24 * 7,
+    # Hours after which idle workers fold history rows into one total per queue and
+    # job name (history.prune); None keeps them.
+    "HISTORY_MAX_AGE": 48,
     # A secret that opens the metrics and health views (metrics_urls.py) to a client
     # that sends it as "Authorization: Bearer <token>" or ?token=; None: logged-in
     # users with the django_dbqueue.view_job permission only.

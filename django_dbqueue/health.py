@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,7 +94,7 @@ class Thresholds:
 
 def this_host() -> str:
     """This machine's name as worker rows store it (``workers.register``)."""
-    return socket.gethostname()[:100]
+    return workers.hostname()
 
 
 def check_database() -> Finding:

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.models import Max, Sum
 
 from . import conf
 from .db import DbNow, alias
@@ -167,9 +168,38 @@ def add(tallies: dict[Key, Tally], using: str | None = None) -> None:
         cursor.execute(sql, params)
 
 
+# The bucket that holds the sums of pruned rows, per queue and name: the totals
+# never go down (Prometheus counters read from them must not), and no window of
+# the dashboard reaches back to it.
+EVER = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def prune(hours: float) -> int:
-    """Delete history rows older than ``hours``; return how many."""
-    deleted, _ = JobHistory.objects.filter(bucket__lt=DbNow() - timedelta(hours=hours)).delete()
+    """Fold history rows older than ``hours`` into the ``EVER`` bucket; return how many rows went."""
+    using = alias()
+    with transaction.atomic(using=using):
+        newest = (
+            JobHistory.objects.using(using)
+            .filter(bucket__lt=DbNow() - timedelta(hours=hours), bucket__gt=EVER)
+            .aggregate(newest=Max("bucket"))["newest"]
+        )
+        if newest is None:
+            return 0
+        old = JobHistory.objects.using(using).filter(bucket__lte=newest, bucket__gt=EVER)
+        sums = old.values("queue", "name").order_by().annotate(**{name: Sum(name) for name in ADDED})
+        folded = {
+            (EVER, row["queue"], row["name"]): Tally(
+                row["started"],
+                row["succeeded"],
+                row["failed"],
+                row["retried"],
+                row["run_time"],
+                [row[name] for name in BINS],
+            )
+            for row in sums
+        }
+        deleted, _ = old.delete()
+        add(folded, using)
     return deleted
 
 
@@ -207,7 +237,7 @@ class Totals:
 
 
 def rows_since(since: datetime, *, queues: Sequence[str] | None = None) -> Iterable[JobHistory]:
-    rows = JobHistory.objects.filter(bucket__gte=since)
+    rows = JobHistory.objects.filter(bucket__gte=max(since, EVER + timedelta(minutes=1)))
     if queues:
         rows = rows.filter(queue__in=list(queues))
     return rows.order_by("bucket")

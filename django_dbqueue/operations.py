@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from django.db import connections, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 
-from . import conf
+from . import conf, workers
 from .bulk import analyze_if_large
 from .db import DbNow, alias
 from .exceptions import FailedJobsNotFound
@@ -27,7 +27,6 @@ RETRY_CHUNK = ANALYZE_AFTER - 1
 IDS_PER_QUERY = 1000
 # Seconds since its last heartbeat after which a worker row counts as dead: workers
 # refresh their row at least every 10 s.
-WORKER_MAX_AGE = 60
 
 
 def job_state(job: Job, now: datetime | None) -> str:
@@ -124,12 +123,15 @@ def queues_over(stats: Iterable[QueueStats], limit: int) -> list[QueueStats]:
     return [item for item in stats if item.size > limit]
 
 
-def live_workers(max_age: float = WORKER_MAX_AGE) -> QuerySet[QueueWorker]:
-    """The workers seen within ``max_age`` seconds of the database's clock."""
+def live_workers(max_age: float | None = None) -> QuerySet[QueueWorker]:
+    """The workers seen within ``max_age`` seconds of the database's clock (default:
+    ``workers.dead_after()``, three beats: the age at which a worker counts as dead)."""
+    if max_age is None:
+        max_age = workers.dead_after()
     return QueueWorker.objects.filter(last_seen_at__gte=DbNow() - timedelta(seconds=max_age))
 
 
-def served_queues(max_age: float = WORKER_MAX_AGE) -> set[str]:
+def served_queues(max_age: float | None = None) -> set[str]:
     """The queues that at least one live worker serves."""
     served: set[str] = set()
     for queues in live_workers(max_age).values_list("queues", flat=True):
@@ -137,7 +139,7 @@ def served_queues(max_age: float = WORKER_MAX_AGE) -> set[str]:
     return served
 
 
-def unserved(stats: Iterable[QueueStats], max_age: float = WORKER_MAX_AGE) -> list[QueueStats]:
+def unserved(stats: Iterable[QueueStats], max_age: float | None = None) -> list[QueueStats]:
     """The queues among ``stats`` that have waiting jobs and no live worker serving them."""
     waiting = [item for item in stats if item.waiting]
     if not waiting:

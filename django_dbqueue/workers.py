@@ -101,12 +101,17 @@ class Stats:
             }
 
 
+def hostname() -> str:
+    """This machine's name as worker rows store it."""
+    return socket.gethostname()[:100]
+
+
 def register(worker_id: str, queues: Sequence[str], options: str = "", stats: Stats | None = None) -> None:
     """Write (or overwrite) the row of this worker process."""
     QueueWorker.objects.update_or_create(
         worker_id=worker_id,
         defaults={
-            "hostname": socket.gethostname()[:100],
+            "hostname": hostname(),
             "pid": os.getpid(),
             "queues": ",".join(queues),
             "options": options[:200],

@@ -680,7 +680,7 @@ def test_monitor_warns_about_queues_with_waiting_jobs_and_no_live_worker():
     out, err = io.StringIO(), io.StringIO()
     call_command("queue_monitor", stdout=out, stderr=err)
     assert err.getvalue().splitlines() == [
-        "Queue 'emails' has 2 waiting jobs and no live worker serving it (none seen in the last 60 s): "
+        "Queue 'emails' has 2 waiting jobs and no live worker serving it (none seen in the last 30 s): "
         "start one with queue_work --queue emails."
     ]
     assert len(out.getvalue().splitlines()) == 4

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_dbqueue import operations
+from django_dbqueue import operations, workers
 from django_dbqueue.management import options, output
 
 
@@ -64,7 +64,7 @@ class Command(BaseCommand):
             self.stderr.write(
                 self.style.WARNING(
                     f"Queue '{item.queue}' has {output.plural(item.waiting, 'waiting job')} and no live worker "
-                    f"serving it (none seen in the last {operations.WORKER_MAX_AGE} s): start one with "
+                    f"serving it (none seen in the last {workers.dead_after():g} s): start one with "
                     f"queue_work --queue {item.queue}."
                 )
             )
