@@ -25,7 +25,7 @@ from tests.test_example_progress import (  # noqa: F401
     wait_for,
 )
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.example_project]
 
 # example_project/demo/jobs.py: IMAGES members, BROKEN_IMAGES of them fail for good.
 IMAGES = 40

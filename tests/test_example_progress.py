@@ -28,7 +28,7 @@ from tests.conftest import ROOT
 CHROMIUM = os.environ.get("DBQUEUE_CHROMIUM", "/usr/bin/chromium")
 MANAGE = ROOT / "example_project" / "manage.py"
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.example_project]
 
 
 PR_SET_PDEATHSIG = 1
