@@ -221,7 +221,8 @@ def _batch_progress(key: str) -> dict[str, Any] | None:
         "percent": row.percent,
         "stage": row.state if finished or row.cancelled_at else f"{row.done} of {row.total} done",
         "finished": finished,
-        "failed": bool(row.failed),
+        # As for a chain: the batch ended with failures (failed_members counts them meanwhile).
+        "failed": finished and bool(row.failed),
         "error": "",
         "updated_at": (row.finished_at or row.cancelled_at or row.created_at).isoformat(),
         "total": row.total,
