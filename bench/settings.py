@@ -68,3 +68,6 @@ DBQUEUE: dict[str, Any] = {}
 if os.environ.get("BENCH_RESULTS"):
     # bench/results_cost.py: every job keeps its result.
     DBQUEUE["RESULTS"] = True
+if os.environ.get("BENCH_HISTORY") == "0":
+    # bench/observe_cost.py: workers count no runs (DBQUEUE["HISTORY"]).
+    DBQUEUE["HISTORY"] = False
