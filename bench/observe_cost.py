@@ -23,15 +23,9 @@ from pathlib import Path
 
 import psycopg
 
-from bench.results_cost import ENQUEUE, _children_cpu
+from bench.results_cost import ENQUEUE, _children_cpu, recreate_database
 
 DBNAME = "dbqueue_bench_observe"
-
-
-def recreate_database() -> None:
-    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DBNAME}")
 
 
 def env(tree: Path, history: bool) -> dict[str, str]:
@@ -58,7 +52,7 @@ def writes() -> int:
 def drain(tree: Path, history: bool, jobs: int) -> tuple[float, float, float]:
     """Jobs/s of one worker draining ``jobs`` no-op jobs (start-up excluded), its CPU per
     job in microseconds, and the writes to the history and workers tables per minute."""
-    recreate_database()
+    recreate_database(DBNAME)
     subprocess.run([sys.executable, "-c", ENQUEUE.format(jobs=jobs)], env=env(tree, history), cwd=tree, check=True)
     with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
         conn.execute("CHECKPOINT")

@@ -35,10 +35,10 @@ enqueue_many(noop.bind(i) for i in range({jobs}))
 """
 
 
-def recreate_database() -> None:
+def recreate_database(name: str = DBNAME) -> None:
     with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DBNAME}")
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
 
 
 def env(tree: Path, results: bool) -> dict[str, str]:

@@ -74,13 +74,12 @@ def _member(item: Any) -> JobCall | Chain:
 
 
 def _call(item: Any) -> JobCall:
-    from .registry import JobCall, JobDefinition
+    from .registry import JobCall
 
-    if isinstance(item, JobDefinition):
-        return item.bind()
-    if isinstance(item, JobCall):
-        return item
-    raise TypeError(f"a batch callback must be a job call such as my_job.bind(...), not {item!r}")
+    call = _member(item)
+    if not isinstance(call, JobCall):
+        raise TypeError(f"a batch callback must be a job call such as my_job.bind(...), not {item!r}")
+    return call
 
 
 @dataclasses.dataclass(frozen=True)

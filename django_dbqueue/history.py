@@ -206,16 +206,8 @@ def prune(hours: float) -> int:
 # -- reading ---------------------------------------------------------------------
 
 
-@dataclass
-class Totals:
-    """Counts over a period (and per minute, for charts)."""
-
-    started: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    retried: int = 0
-    run_time: float = 0.0
-    bins: list[int] = field(default_factory=lambda: [0] * len(BINS))
+class Totals(Tally):
+    """Counts over a period (and per minute, for charts), read back from the rows."""
 
     @property
     def ended(self) -> int:

@@ -121,3 +121,21 @@ def ids(text: str) -> str:
 def ids_or_all(text: str) -> str:
     """Like ``ids``, or the word ``all``."""
     return ALL if text.strip().lower() == ALL else ids(text)
+
+
+# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
+MAX_ID = 2**63 - 1
+
+
+def add_batch_ids(parser: Any) -> None:
+    """The positional batch ids of ``queue_retry_batch`` and ``queue_cancel_batch``."""
+    parser.add_argument(
+        "ids", nargs="+", type=whole_number(1, MAX_ID), metavar="ID", help="Batch ids (see queue_batches)."
+    )
+
+
+def id_words(ids: list[int]) -> str:
+    """``id 3`` or ``ids 3, 5-9``."""
+    from django_dbqueue.operations import format_ids
+
+    return f"id {ids[0]}" if len(ids) == 1 else f"ids {format_ids(ids)}"

@@ -6,16 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_dbqueue import batches, operations
+from django_dbqueue import batches
 from django_dbqueue.management import options, output
 from django_dbqueue.models import JobBatch
-
-# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
-MAX_ID = 2**63 - 1
-
-
-def _ids(missing: list[int]) -> str:
-    return f"id {missing[0]}" if len(missing) == 1 else f"ids {operations.format_ids(missing)}"
 
 
 class Command(BaseCommand):
@@ -26,9 +19,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument(
-            "ids", nargs="+", type=options.whole_number(1, MAX_ID), metavar="ID", help="Batch ids (see queue_batches)."
-        )
+        options.add_batch_ids(parser)
 
     def handle(self, *args: Any, **opts: Any) -> None:
         ids = list(dict.fromkeys(opts["ids"]))
@@ -40,7 +31,9 @@ class Command(BaseCommand):
             except JobBatch.DoesNotExist:
                 missing.append(pk)
         if missing:
-            raise CommandError(f"Nothing was cancelled: no batch has the {_ids(missing)} (unknown, or pruned).")
+            raise CommandError(
+                f"Nothing was cancelled: no batch has the {options.id_words(missing)} (unknown, or pruned)."
+            )
         for pk, handle in found.items():
             if handle.is_cancelled or handle.finished:
                 was = "was cancelled" if handle.is_cancelled else "has finished"

@@ -10,13 +10,6 @@ from django_dbqueue import batches, operations
 from django_dbqueue.management import options, output
 from django_dbqueue.models import FailedJob, JobBatch
 
-# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
-MAX_ID = 2**63 - 1
-
-
-def _ids(missing: list[int]) -> str:
-    return f"id {missing[0]}" if len(missing) == 1 else f"ids {operations.format_ids(missing)}"
-
 
 class Command(BaseCommand):
     help = (
@@ -25,9 +18,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument(
-            "ids", nargs="+", type=options.whole_number(1, MAX_ID), metavar="ID", help="Batch ids (see queue_batches)."
-        )
+        options.add_batch_ids(parser)
 
     def handle(self, *args: Any, **opts: Any) -> None:
         ids = list(dict.fromkeys(opts["ids"]))
@@ -42,7 +33,9 @@ class Command(BaseCommand):
             if handle.is_cancelled:
                 cancelled.append(pk)
         if missing:
-            raise CommandError(f"Nothing was retried: no batch has the {_ids(missing)} (unknown, or pruned).")
+            raise CommandError(
+                f"Nothing was retried: no batch has the {options.id_words(missing)} (unknown, or pruned)."
+            )
         if cancelled:
             # A member of a cancelled batch does not start: retried, it would only be counted cancelled.
             which = (
