@@ -13,7 +13,8 @@ from tests.conftest import wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance]
+# Worker processes behave alike on every Django: scripts/test runs these with one.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.acceptance, pytest.mark.one_django]
 
 FAST_BEAT = {"DBQUEUE_TEST_WORKER_BEAT": "0.5"}
 
@@ -73,7 +74,6 @@ def test_a_killed_worker_is_recognised_dead_and_its_job_reclaimed_before_its_ret
     assert not Job.objects.exists() and not FailedJob.objects.exists()
 
 
-@pytest.mark.one_django
 def test_the_history_adds_up_exactly_to_the_jobs_run(worker_process):
     calls = [jobs.record.bind(f"ok{i}") for i in range(700)]
     calls += [jobs.fail_once.bind(f"once{i}") for i in range(200)]  # fails, then succeeds
