@@ -6,7 +6,8 @@ A job row's envelope may carry, beside its arguments:
 - ``then``: jobs to enqueue once the last step succeeds;
 - ``on_failure``: a job to enqueue if a step fails for good;
 - ``chain``: ``{"id", "step", "total"}``, for progress;
-- ``batch_of``: for a batch's callback, the batch's id (``JobContext.batch``).
+- ``batch_of``: for a batch's callback, the batch's id (``JobContext.batch``);
+- ``trace``: the trace context of its enqueue, with OpenTelemetry (``tracing``).
 
 A chain that is a batch member carries the batch on each step's row
 (``Job.batch_id``): the member ends when its last step does.
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import conf, payload, unique, validation
+from . import conf, payload, tracing, unique, validation
 from .bulk import Flow, NewJob
 from .exceptions import PayloadError, UnknownQueue
 from .models import Job
@@ -74,6 +75,11 @@ def new_job(
     if flow is not None:
         # Kept in the envelope too, so a retry from FailedJob takes the same keys.
         envelope["flow"] = {name: value for name, value in flow._asdict().items() if value}
+    if tracing.enabled:
+        # The enqueue's span context (docs/observability.md), when there is one to carry.
+        carrier = tracing.enqueue_context(step)
+        if carrier:
+            envelope[tracing.ENVELOPE_KEY] = carrier
     text = payload.dumps(envelope)
     if check:
         # The steps that follow are checked now too: a follow-up is enqueued when
@@ -214,27 +220,36 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
         return []
     try:
         data = payload.raw(job.payload)
-        if not succeeded:
-            on_failure = data.get("on_failure")
-            return [build_row(on_failure, check=False)] if on_failure else []
-        next_steps = data.get("next") or []
-        if next_steps:
-            info = chain_of(data)
-            step_info = {**info, "step": int(info["step"]) + 1} if info else None
-            return [
-                build_row(
-                    next_steps[0],
-                    next_steps=next_steps[1:],
-                    then=data.get("then") or [],
-                    on_failure=data.get("on_failure"),
-                    chain=step_info,
-                    check=False,
-                    # The next step is the same batch member.
-                    batch_id=job.batch_id,
-                )
-            ]
-        return [build_row(step, check=False) for step in data.get("then") or []]
+        if tracing.enabled:
+            # Built in the context of the run that just ended: the next step continues its trace.
+            with tracing.continued(job, data):
+                return _build_follow_ups(job, data, succeeded=succeeded)
+        return _build_follow_ups(job, data, succeeded=succeeded)
     except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
         # The job itself ran; a malformed follow-up must not undo that.
         logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)
         return []
+
+
+def _build_follow_ups(job: Job, data: dict[str, Any], *, succeeded: bool) -> list[Job]:
+    """What follows a job, from its envelope ``data`` (see ``follow_ups``)."""
+    if not succeeded:
+        on_failure = data.get("on_failure")
+        return [build_row(on_failure, check=False)] if on_failure else []
+    next_steps = data.get("next") or []
+    if next_steps:
+        info = chain_of(data)
+        step_info = {**info, "step": int(info["step"]) + 1} if info else None
+        return [
+            build_row(
+                next_steps[0],
+                next_steps=next_steps[1:],
+                then=data.get("then") or [],
+                on_failure=data.get("on_failure"),
+                chain=step_info,
+                check=False,
+                # The next step is the same batch member.
+                batch_id=job.batch_id,
+            )
+        ]
+    return [build_row(step, check=False) for step in data.get("then") or []]

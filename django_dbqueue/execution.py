@@ -23,7 +23,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import middleware, payload, registry
+from . import middleware, payload, registry, tracing
 from .chains import chain_of
 from .errors import clean
 from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, Snooze, WorkerStopped
@@ -329,21 +329,40 @@ def prepare_run(
             prepared.args = (prepared.make_context(), *args)
         check_signature(definition, prepared.args, kwargs)
     except PERMANENT_ERRORS as exc:
-        return _failed(exc, started, f"{job.name} (job {job.pk}) cannot run: {exc}", tracker)
+        outcome = _failed(exc, started, f"{job.name} (job {job.pk}) cannot run: {exc}", tracker)
     except DatabaseError as exc:
         # Fetching a model argument met the database's trouble, not the row's: retry.
-        return _after_error(job, exc, envelope, tries, defaults, started, tracker)
+        outcome = _after_error(job, exc, envelope, tries, defaults, started, tracker)
     except Exception as exc:  # noqa: BLE001 - any other fault of a stored row must not end the worker
         # A value no check above foresaw (a model pk of the wrong type, JSON nested
         # too deep): the row cannot become a call, and running it again cannot help.
         reason = PayloadError(f"the stored call could not be prepared: {type(exc).__name__}: {exc}")
         reason.__cause__ = exc
-        return _failed(reason, started, f"{job.name} (job {job.pk}) cannot run: {reason}\n\n{_traceback(exc)}", tracker)
-    return prepared
+        outcome = _failed(
+            reason, started, f"{job.name} (job {job.pk}) cannot run: {reason}\n\n{_traceback(exc)}", tracker
+        )
+    else:
+        return prepared
+    if tracing.enabled:
+        tracing.unrunnable(job, outcome, worker_id)
+    return outcome
 
 
 def run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) -> Outcome:
     """Call a prepared job in this thread, inside its middleware and under ``timer``."""
+    if not tracing.enabled:
+        return _run_prepared(prepared, defaults, timer)
+    # The span is current while the job runs, outside its time limit.
+    run = tracing.start_run(prepared)
+    outcome = None
+    try:
+        outcome = _run_prepared(prepared, defaults, timer)
+    finally:
+        tracing.end_run(run, prepared.job, outcome)
+    return outcome
+
+
+def _run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) -> Outcome:
     definition = prepared.definition
     try:
         with timer.limit(prepared.timeout or defaults.timeout):
@@ -362,6 +381,19 @@ async def arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
     """Await a prepared ``async def`` job on the running event loop, inside its async
     middleware and its timeout (``asyncio.timeout``: the job is cancelled at its next
     ``await``). The caller checked ``loop_middleware`` first."""
+    if not tracing.enabled:
+        return await _arun_prepared(prepared, defaults)
+    # Each task runs in a copy of the context: the span is current in this task only.
+    run = tracing.start_run(prepared)
+    outcome = None
+    try:
+        outcome = await _arun_prepared(prepared, defaults)
+    finally:
+        tracing.end_run(run, prepared.job, outcome)
+    return outcome
+
+
+async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
     definition = prepared.definition
     seconds = prepared.timeout or defaults.timeout
     stack = middleware.for_loop(prepared.middleware())
