@@ -81,11 +81,13 @@ class Recorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tallies: dict[Key, Tally] = {}
+        # Keyed by the minute's number (seconds since the epoch // 60): made a
+        # datetime at the flush, not once per job.
+        self._tallies: dict[tuple[int, str, str], Tally] = {}
         self.on = enabled()
 
     def _tally(self, queue: str, name: str) -> Tally:
-        key = (_minute(time.time()), queue, name)
+        key = (int(time.time()) // 60, queue, name)
         tally = self._tallies.get(key)
         if tally is None:
             tally = self._tallies[key] = Tally()
@@ -122,14 +124,15 @@ class Recorder:
         On a database error the counts are kept for the next flush, and the error raised.
         """
         with self._lock:
-            tallies, self._tallies = self._tallies, {}
-        if not tallies:
+            counted, self._tallies = self._tallies, {}
+        if not counted:
             return 0
+        tallies = {(_minute(minute * 60), queue, name): tally for (minute, queue, name), tally in counted.items()}
         try:
             add(tallies, using)
         except Exception:
             with self._lock:
-                for key, tally in tallies.items():
+                for key, tally in counted.items():
                     kept = self._tallies.get(key)
                     if kept is None:
                         self._tallies[key] = tally

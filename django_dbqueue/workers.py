@@ -70,12 +70,12 @@ class Stats:
         self._lock = threading.Lock()
         self.processed = 0
         self.failed = 0
-        # id -> (monotonic start, "name #id")
+        # id -> (monotonic start, name); the text is made by the beat, not per job.
         self._running: dict[int, tuple[float, str]] = {}
 
     def started(self, job: Job) -> None:
         with self._lock:
-            self._running[job.pk] = (time.monotonic(), f"{job.name} #{job.pk}"[:255])
+            self._running[job.pk] = (time.monotonic(), job.name)
 
     def stopped(self, job: Job) -> None:
         """The run of ``job`` ended (its outcome may wait for the next batched DELETE)."""
@@ -92,12 +92,12 @@ class Stats:
 
     def values(self) -> dict[str, object]:
         with self._lock:
-            oldest = min(self._running.values(), default=None)
+            oldest = min(((since, pk, name) for pk, (since, name) in self._running.items()), default=None)
             return {
                 "processed": self.processed,
                 "failed": self.failed,
                 "running": len(self._running),
-                "current_job": oldest[1] if oldest else "",
+                "current_job": f"{oldest[2]} #{oldest[1]}"[:255] if oldest else "",
             }
 
 
