@@ -19,6 +19,8 @@ from tests.conftest import run_worker
 from tests.testapp import jobs
 
 db = pytest.mark.django_db(transaction=True)
+# Thin commands over batches.py: scripts/test runs these with one Django.
+pytestmark = pytest.mark.one_django
 
 COMMANDS = ["queue_batches", "queue_retry_batch", "queue_cancel_batch", "queue_prune_batches"]
 

@@ -24,7 +24,8 @@ from tests.conftest import run_worker
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Spans do not depend on Django's version: scripts/test runs these with one.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_django]
 
 # One provider for the module, given to dbqueue alone: the process's global
 # provider (settable once) is left alone.
