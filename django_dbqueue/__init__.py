@@ -13,6 +13,9 @@ from .exceptions import (
 )
 from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
 
+# The one place the version is written: pyproject.toml reads it (setuptools dynamic version).
+__version__ = "0.1.0"
+
 # Names whose modules import the models: loaded on first use, so importing
 # ``django_dbqueue`` (for ``@job``) works before the app registry is ready.
 _LAZY = {

@@ -32,8 +32,8 @@ DEFAULTS: dict[str, Any] = {
     # Hours after which idle workers delete progress rows; None keeps them
     # (prune with ``queue_prune_progress``).
     "PROGRESS_MAX_AGE": None,
-    # Hours after which idle workers delete finished django.tasks results; None
-    # keeps them (prune with ``queue_prune_results``).
+    # Hours after which idle workers delete kept results (of jobs and of django.tasks
+    # tasks) that finished that long ago; None keeps them (prune with ``queue_prune_results``).
     "RESULT_MAX_AGE": None,
     # Keep every job's return value and errors in the result store (a job's
     # ``@job(results=...)`` overrides it); pruned after RESULT_MAX_AGE hours.
