@@ -5,6 +5,7 @@ worker knows these jobs by their names (``demo.jobs.send_welcome_email``, ...).
 """
 
 import logging
+import os
 import time
 
 from django.utils import timezone
@@ -77,6 +78,18 @@ def confirm_order(order: Order) -> None:
     order.confirmed_at = timezone.now()
     order.save(update_fields=["status", "confirmed_at"])
     logger.info("order confirmed number=%s", order.number)
+
+
+@job(tries=1)
+def notify_shipping(order_number: str) -> None:
+    """Tell the shipping service about an order; fails while ``SHIPPING_API_DOWN`` is set.
+
+    The tutorial (docs/tutorial.md) runs it with the variable set, so the job fails for
+    good (``tries=1``) and lands in FailedJob; then, the "outage" over, it retries it.
+    """
+    if os.environ.get("SHIPPING_API_DOWN"):
+        raise ConnectionError(f"shipping API unreachable for order {order_number}")
+    logger.info("shipping notified order=%s", order_number)
 
 
 # -- A long chain with progress: "render a video" ---------------------------------

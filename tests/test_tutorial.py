@@ -1,0 +1,104 @@
+"""The tutorial works as written: its commands run in order in a fresh clone, on SQLite.
+
+The commands are read from docs/tutorial.md's ```console blocks (lines starting with ``$ ``), so
+the page and this test cannot drift. Each command's output shown on the page must appear in what
+it printed, except lines that hold times, dates or worker ids, and ``...`` lines. Blocks marked
+``<!-- illustrative -->`` (``runserver``) are not run.
+
+What differs from a reader's terminal: the clone is made with ``git clone`` of this checkout's
+HEAD (commit first); ``python3`` in the venv command is this test's Python (>= 3.12, where the
+machine's ``python3`` may be older); ``source .venv/bin/activate`` is applied to the commands
+after it. ``pip install -e .`` fetches Django and cronsim from the package index (or pip's cache).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.one_django, pytest.mark.example_project]
+
+ROOT = Path(__file__).resolve().parent.parent
+TUTORIAL = ROOT / "docs" / "tutorial.md"
+ILLUSTRATIVE = "<!-- illustrative -->"
+# Output lines that change from run to run.
+VARIABLE = re.compile(r"\d\d:\d\d:\d\d|\d{4}-\d\d-\d\d|worker_id=|^\.\.\.$")
+
+
+def tutorial_commands() -> Iterator[tuple[int, str, list[str]]]:
+    """Yield (line, command, expected output lines) for each command of the tutorial."""
+    lines = TUTORIAL.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        if lines[index].strip() not in ("```console", "```bash"):
+            index += 1
+            continue
+        previous = next((line.strip() for line in reversed(lines[:index]) if line.strip()), "")
+        index += 1
+        block: list[tuple[int, str]] = []
+        while lines[index].strip() != "```":
+            block.append((index + 1, lines[index]))
+            index += 1
+        index += 1
+        if previous == ILLUSTRATIVE:
+            continue
+        current: tuple[int, str, list[str]] | None = None
+        for number, line in block:
+            if line.startswith("$ "):
+                if current:
+                    yield current
+                current = (number, line[2:], [])
+            elif current is not None:
+                current[2].append(line)
+        if current:
+            yield current
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_tutorial_commands_run_in_order_in_a_fresh_clone(tmp_path: Path) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    clone = tmp_path / "django-dbqueue"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "DATABASE_URL", "EXAMPLE_SQLITE_PATH")
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    prefix = ""
+    commands = list(tutorial_commands())
+    assert len(commands) >= 10, commands
+    for line, command, expected in commands:
+        if command.startswith("python3 "):
+            command = shlex.quote(sys.executable) + command[len("python3") :]
+        if command.startswith("source "):
+            prefix = command + " && "
+            continue
+        result = subprocess.run(
+            ["bash", "-c", prefix + command],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"docs/tutorial.md:{line}: `{command}` exited {result.returncode}:\n{output}"
+        for wanted in expected:
+            if VARIABLE.search(wanted) or not wanted.strip():
+                continue
+            assert _normal(wanted) in _normal(output), (
+                f"docs/tutorial.md:{line}: `{command}` did not print {wanted!r}; it printed:\n{output}"
+            )
