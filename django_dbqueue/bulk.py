@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
 
 from .db import DbNow, alias
 from .models import ANALYZE_AFTER, Job
@@ -186,13 +187,14 @@ _ENCODERS: tuple[Callable[[Sequence[Any]], str], ...] = (
 )
 
 
-def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job | Held]:
+def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool = True) -> list[Job | Held]:
     """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows.
 
     Return the saved rows in the same order, with their ids and the times the
     database gave them (where the backend returns ids: not on MySQL); a job
     whose unique key is held, by an existing row or by an earlier job of
-    ``new_jobs``, comes back as ``Held``.
+    ``new_jobs``, comes back as ``Held``. ``analyze=False`` leaves the ANALYZE of
+    a large insert (``analyze_if_large``) to the caller.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -201,7 +203,7 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job | 
     using = alias()
     connection = connections[using]
     if any(new.unique_key for new in new_jobs):
-        return _insert_unique(connection, using, new_jobs, batch_size)
+        return _insert_unique(connection, using, new_jobs, batch_size, analyze)
     if connection.vendor != "postgresql" or not _fits_table():
         return list(_insert_instances(new_jobs, batch_size))
     jobs: list[Job | Held] = []
@@ -220,7 +222,8 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000) -> list[Job | 
             # RETURNING gives the rows in the order the SELECT read them, the
             # arrays' order (which Django's own unnest bulk_create relies on too).
             jobs += [_saved(using, new, *row) for new, row in zip(batch, returned, strict=True)]
-    analyze_if_large(using, len(jobs))
+    if analyze:
+        analyze_if_large(using, len(jobs))
     return jobs
 
 
@@ -244,6 +247,90 @@ def insert_one(new: NewJob) -> Job | Held:
     return _saved(using, new, *row)
 
 
+# -- COPY (PostgreSQL, when no row is wanted back) ----------------------------
+
+# The columns COPY writes: every column but the id, which the table's identity gives.
+_COPY_COLUMNS = (*_PER_ROW, "available_at", "created_at", *Flow._fields, "batch_id")
+
+
+def copy_usable(connection: BaseDatabaseWrapper) -> bool:
+    """Tell whether ``copy_insert`` can write to this connection's job table (PostgreSQL with psycopg 3)."""
+    return connection.vendor == "postgresql" and _fits_table() and _psycopg3(connection)
+
+
+def _psycopg3(connection: BaseDatabaseWrapper) -> bool:
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+def copy_insert(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
+    """Insert ``new_jobs`` with one ``COPY ... FROM STDIN`` and return how many; nothing comes back.
+
+    For an enqueue that wants no handles: COPY takes rows about a fifth faster than
+    the unnest INSERT (docs/enqueue.md) and returns no ids. The times are the
+    database's clock, read once (``statement_timestamp()``) for the whole batch;
+    the ids come from the table's identity. The enqueue trigger's NOTIFY fires
+    once for the statement, as for an INSERT. Rows with unique keys are not sent
+    here (a COPY cannot skip a held key): ``enqueue_many`` inserts them.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        (now,) = cursor.fetchone()
+        lines = _copy_lines(new_jobs, now)
+        with connection.wrap_database_errors, cursor.cursor.copy(_copy_statement(connection)) as copy:
+            copy.write(lines)
+    return len(new_jobs)
+
+
+def _copy_lines(new_jobs: Sequence[NewJob], now: datetime) -> str:
+    """COPY's text format: one line per row, tab-separated, ``\\N`` for NULL, backslashes escaped."""
+    created = now.isoformat()
+    flows: dict[Flow | None, str] = {}
+    lines = []
+    for new in new_jobs:
+        flow = flows.get(new.flow)
+        if flow is None:
+            flow = flows[new.flow] = "\t".join(_copy_value(value) for value in (new.flow or _NO_FLOW))
+        available = created if new.delay <= 0 else (now + timedelta(seconds=new.delay)).isoformat()
+        payload = new.payload
+        if "\\" in payload or "\n" in payload or "\r" in payload or "\t" in payload:
+            payload = _copy_text(payload)
+        lines.append(
+            f"{_copy_text(new.queue)}\t{_copy_text(new.name)}\t{payload}\t{int(new.priority)}\t"
+            f"{_copy_value(new.max_tries)}\t{int(new.retry_after)}\t{_copy_value(new.timeout)}\t"
+            f"{available}\t{created}\t{flow}\t{_copy_value(new.batch_id)}{_COPY_FIXED}"
+        )
+    return "".join(lines)
+
+
+def _copy_text(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def _copy_value(value: Any) -> str:
+    if value is None:
+        return "\\N"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, int):
+        return str(value)
+    return _copy_text(str(value))
+
+
+def _copy_statement(connection: BaseDatabaseWrapper) -> str:
+    """The COPY of ``_copy_lines``: the row's own columns, then those every new job starts with
+    (``_COPY_FIXED``: COPY has no expressions, and these columns have no database default)."""
+    quote = connection.ops.quote_name
+    names = [*_COPY_COLUMNS, "attempts", "given_back", "cancel", "exceptions", "reserved_by", "blocked"]
+    columns = ", ".join(quote(_field(name).column or name) for name in names)
+    return f"COPY {quote(Job._meta.db_table)} ({columns}) FROM STDIN"
+
+
+# The values of attempts, given_back, cancel, exceptions, reserved_by and blocked in a new row.
+_COPY_FIXED = "\t0\t0\t0\t0\t\tf\n"
+
+
 def _save_one(new: NewJob, using: str) -> Job:
     from .registry import _load_database_times
 
@@ -257,7 +344,7 @@ def _save_one(new: NewJob, using: str) -> Job:
 
 
 def _insert_unique(
-    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int
+    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, analyze: bool = True
 ) -> list[Job | Held]:
     """``insert`` for jobs some of which have unique keys: the first job of each key
     is inserted unless a row holds the key; the others come back ``Held``."""
@@ -273,7 +360,10 @@ def _insert_unique(
                 _insert_unique_postgresql(connection, using, new_jobs, pending, batch_size, results)
     else:
         _insert_unique_savepoints(connection, using, new_jobs, keys, pending, batch_size, results)
-    return _with_later_calls(keys, results, using)
+    outcomes = _with_later_calls(keys, results)
+    if analyze:
+        analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
+    return outcomes
 
 
 def _first_of_each_key(keys: Sequence[str | None]) -> list[int]:
@@ -288,7 +378,7 @@ def _first_of_each_key(keys: Sequence[str | None]) -> list[int]:
     return pending
 
 
-def _with_later_calls(keys: Sequence[str | None], results: list[Job | Held | None], using: str) -> list[Job | Held]:
+def _with_later_calls(keys: Sequence[str | None], results: list[Job | Held | None]) -> list[Job | Held]:
     """The outcomes, a later job of a key sharing the fate of the first (``Held`` by its row or its holder)."""
     first: dict[str, Job | Held] = {}
     outcomes: list[Job | Held] = []
@@ -300,7 +390,6 @@ def _with_later_calls(keys: Sequence[str | None], results: list[Job | Held | Non
         elif key is not None:
             first.setdefault(key, outcome)
         outcomes.append(outcome)
-    analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
     return outcomes
 
 
@@ -539,9 +628,8 @@ def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at:
     )
     flow = new.flow or _NO_FLOW
     unique_key, until_start, concurrency_key, concurrency_limit, rate_key, rate_limit = flow
-    return Job.from_db(
+    return _loaded(
         using,
-        _COLUMNS,
         (
             *values,
             *(available_at, None, "", created_at),
@@ -549,6 +637,24 @@ def _saved(using: str, new: NewJob, pk: int, available_at: datetime, created_at:
             new.batch_id,
         ),
     )
+
+
+def _loaded(using: str, values: tuple[Any, ...]) -> Job:
+    """``Job.from_db(using, _COLUMNS, values)``, in a fifth of its time.
+
+    ``Model.__init__`` matches each value to its field through the field's
+    descriptors, most of the cost of returning the rows of a bulk enqueue; the
+    values here are already the attributes, in the order of ``_COLUMNS``. With a
+    ``pre_init`` or ``post_init`` receiver on ``Job``, ``from_db`` runs as usual.
+    """
+    if models.signals.pre_init.has_listeners(Job) or models.signals.post_init.has_listeners(Job):
+        return Job.from_db(using, _COLUMNS, values)
+    job = Job.__new__(Job)
+    job.__dict__.update(zip(_COLUMNS, values, strict=True))
+    state = job._state = ModelState()
+    state.adding = False
+    state.db = using
+    return job
 
 
 def analyze_if_large(using: str, count: int) -> None:

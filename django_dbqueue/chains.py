@@ -46,13 +46,18 @@ def new_job(
     check: bool = True,
     batch_id: int | None = None,
     batch_of: int | None = None,
+    trace: bool = True,
+    checked: set[tuple[str, str]] | None = None,
 ) -> NewJob:
     """Return the row values of a job that runs ``step``, carrying what follows it.
 
     Every enqueue path (``enqueue``, ``enqueue_many``, chains, the ``django.tasks``
     backend) builds its rows here, so this is where the queue name and the
     payload size are checked; ``check=False`` skips that for follow-ups of a job
-    that was checked when it was enqueued.
+    that was checked when it was enqueued. ``trace=False``: the caller knows
+    there is no trace to record or carry (``tracing.carries``). ``checked``:
+    the (name, queue) pairs found good by earlier calls, added to here (one
+    ``enqueue_many`` checks each pair once).
     """
     envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
     backoff = step.get("backoff")
@@ -75,7 +80,7 @@ def new_job(
     if flow is not None:
         # Kept in the envelope too, so a retry from FailedJob takes the same keys.
         envelope["flow"] = {name: value for name, value in flow._asdict().items() if value}
-    if tracing.enabled:
+    if trace and tracing.enabled:
         # The enqueue's span context (docs/observability.md), when there is one to carry.
         carrier = tracing.enqueue_context(step)
         if carrier:
@@ -85,7 +90,12 @@ def new_job(
         # The steps that follow are checked now too: a follow-up is enqueued when
         # the job ends, where an error could only be logged.
         for item in (step, *next_steps, *then, *([on_failure] if on_failure else [])):
-            check_queue(item["name"], item.get("queue"))
+            name, queue = item["name"], item.get("queue")
+            if checked is None or not isinstance(queue, str):
+                check_queue(name, queue)
+            elif (name, queue) not in checked:
+                check_queue(name, queue)
+                checked.add((name, queue))
         payload.check_size(step["name"], text)
     return NewJob(
         queue=step["queue"],

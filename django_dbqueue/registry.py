@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, NoReturn, ParamSpec, TypeVar, cast, overload
@@ -284,9 +286,11 @@ class JobCall:
         """Return the row values of this call; raise TypeError for a bad argument."""
         return self._prepared()[0]
 
-    def _prepared(self) -> tuple[NewJob, unique.Window | None]:
+    def _prepared(
+        self, *, trace: bool = True, checked: set[tuple[str, str]] | None = None
+    ) -> tuple[NewJob, unique.Window | None]:
         """The row values of this call and its ``unique_for`` window; every key callable
-        is called here, once, before anything is stored."""
+        is called here, once, before anything is stored (``trace``, ``checked``: see ``chains.new_job``)."""
         from .chains import new_job
 
         step = self.to_step()
@@ -294,6 +298,8 @@ class JobCall:
             step,
             then=[call.to_step() for call in self.callbacks],
             on_failure=self.failure_callback.to_step() if self.failure_callback else None,
+            trace=trace,
+            checked=checked,
         )
         return new, unique.window_of(self.definition, step.get("flow"), self.args, self.kwargs)
 
@@ -322,21 +328,125 @@ def store(new: NewJob, window: unique.Window | None = None) -> JobHandle:
     return _handles(_store([(new, window)], one=True))[0]
 
 
-def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000) -> list[JobHandle]:
-    """Store many calls with one INSERT per ``batch_size`` rows, in one transaction; return their handles.
+@overload
+def enqueue_many(
+    calls: Iterable[JobCall], *, batch_size: int = 1000, handles: Literal[True] = True
+) -> list[JobHandle]: ...
 
-    Every argument is checked before anything is inserted. On PostgreSQL,
-    SQLite and MariaDB the handles carry their ids (plain MySQL returns none).
-    One handle per call, in order: a unique job whose key is held (by a job
-    stored before, or by an earlier call of ``calls``) stores nothing, and its
-    handle is the holder's, with ``enqueued`` False.
+
+@overload
+def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: Literal[False]) -> int: ...
+
+
+def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: bool = True) -> list[JobHandle] | int:
+    """Store many calls, ``batch_size`` rows per statement, in one transaction; return their handles.
+
+    ``calls`` may be any iterable, a generator of millions included: it is read
+    ``batch_size`` calls at a time, each batch checked and sent before the next
+    is read, so memory holds one batch (and the handles: with ``handles=False``
+    none are kept, the number of jobs stored is returned, and on PostgreSQL the
+    rows go through ``COPY``). docs/enqueue.md has the figures.
+
+    A call that cannot be stored (an argument that is not JSON, an unknown
+    queue, a payload too large, a key callable that raises) raises its error
+    with its position: ``exc.position`` is its index in ``calls`` and the
+    message starts with "call N of enqueue_many". Without a transaction around
+    it, enqueue_many is one transaction of its own, so nothing is stored; inside
+    ``transaction.atomic()`` the batches sent before stay in the transaction,
+    and the caller decides: let the error out of the block (all undone) or catch
+    it and commit what was sent.
+
+    On PostgreSQL, SQLite and MariaDB the handles carry their ids (plain MySQL
+    returns none). One handle per call, in order: a unique job whose key is held
+    (by a job stored before, or by an earlier call of ``calls``) stores nothing,
+    and its handle is the holder's, with ``enqueued`` False.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    prepared = [call._prepared() for call in calls]
+    from django.db import connections
+
+    from .bulk import analyze_if_large, copy_insert, copy_usable
+
+    using = db.alias()
+    connection = connections[using]
+    kept: list[JobHandle] = []
+    stored = 0
+    # COPY returns no rows: not for handles, nor for job_enqueued's receivers, which get each row.
+    copying = not handles and copy_usable(connection) and not signals.job_enqueued.has_listeners(JobDefinition)
+    if isinstance(calls, Sequence):
+        # Already in memory: checked whole before anything is sent, and stored as one
+        # enqueue (run again after a deadlock when it is a transaction of its own).
+        return _enqueue_sequence(calls, batch_size, handles, copying)
+    chunks = itertools.batched(calls, batch_size)
+    first = next(chunks, None)
+    if first is None:
+        return [] if handles else 0
+    second = next(chunks, None)
+    # Several batches are one transaction: the caller's if open (an error between
+    # batches leaves the choice to it), else one of our own. A single batch needs
+    # none: ``_store`` runs an enqueue of unique jobs that met a deadlock again.
+    own = second is not None and not connection.in_atomic_block
+    with transaction.atomic(using=using, savepoint=False) if own else _nothing():
+        calls_read = 0
+        for chunk in itertools.chain((first,), () if second is None else (second,), chunks):
+            prepared = _prepare_all(chunk, calls_read)
+            calls_read += len(chunk)
+            if copying and not any(window or new.unique_key for new, window in prepared):
+                stored += copy_insert(connection, [new for new, _ in prepared])
+                continue
+            outcomes = _store(prepared, batch_size=batch_size, analyze=False)
+            if handles:
+                kept += _handles(outcomes)
+            else:
+                stored += _announce(outcomes)
+    analyze_if_large(using, calls_read)
+    return kept if handles else stored
+
+
+def _enqueue_sequence(calls: Sequence[JobCall], batch_size: int, handles: bool, copying: bool) -> list[JobHandle] | int:
+    """``enqueue_many`` of a list: every call prepared, then stored."""
+    from django.db import connections
+
+    from .bulk import analyze_if_large, copy_insert
+
+    prepared = _prepare_all(calls, 0)
     if not prepared:
-        return []
-    return _handles(_store(prepared, batch_size=batch_size))
+        return [] if handles else 0
+    if copying and not any(window or new.unique_key for new, window in prepared):
+        using = db.alias()
+        connection = connections[using]
+        own = len(prepared) > batch_size and not connection.in_atomic_block
+        with transaction.atomic(using=using, savepoint=False) if own else _nothing():
+            for start in range(0, len(prepared), batch_size):
+                copy_insert(connection, [new for new, _ in prepared[start : start + batch_size]])
+        analyze_if_large(using, len(prepared))
+        return len(prepared)
+    outcomes = _store(prepared, batch_size=batch_size)
+    return _handles(outcomes) if handles else _announce(outcomes)
+
+
+def _prepare_all(calls: Sequence[JobCall], first: int) -> list[tuple[NewJob, unique.Window | None]]:
+    """``JobCall._prepared`` of each call; an error names the call's position (``first`` + its index)."""
+    from . import tracing
+
+    prepared = []
+    trace = tracing.enabled and tracing.carries()
+    checked: set[tuple[str, str]] = set()
+    for call in calls:
+        try:
+            prepared.append(call._prepared(trace=trace, checked=checked))
+        except Exception as exc:
+            position = first + len(prepared)
+            if exc.args and isinstance(exc.args[0], str):
+                exc.args = (f"call {position + 1:,} of enqueue_many (index {position}): {exc.args[0]}", *exc.args[1:])
+            exc.position = position  # type: ignore[attr-defined]
+            raise
+    return prepared
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 # Times an enqueue of unique jobs that is a transaction of its own is run, when
@@ -347,7 +457,11 @@ DEADLOCK_PAUSE = 0.05
 
 
 def _store(
-    prepared: Sequence[tuple[NewJob, unique.Window | None]], *, batch_size: int = 1000, one: bool = False
+    prepared: Sequence[tuple[NewJob, unique.Window | None]],
+    *,
+    batch_size: int = 1000,
+    one: bool = False,
+    analyze: bool = True,
 ) -> list[Job | Held]:
     """Insert the new jobs; those whose key or window is held come back ``Held``.
 
@@ -363,10 +477,10 @@ def _store(
 
     connection = connections[db.alias()]
     if connection.in_atomic_block or not any(window or new.unique_key for new, window in prepared):
-        return _store_once(prepared, batch_size, one)
+        return _store_once(prepared, batch_size, one, analyze)
     for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
         try:
-            return _store_once(prepared, batch_size, one)
+            return _store_once(prepared, batch_size, one, analyze)
         except OperationalError as exc:
             if attempt == DEADLOCK_ATTEMPTS or not is_deadlock(exc, connection):
                 raise
@@ -376,7 +490,7 @@ def _store(
 
 
 def _store_once(
-    prepared: Sequence[tuple[NewJob, unique.Window | None]], batch_size: int, one: bool
+    prepared: Sequence[tuple[NewJob, unique.Window | None]], batch_size: int, one: bool, analyze: bool = True
 ) -> list[Job | Held]:
     """``_store`` once. Jobs with a ``unique_for`` window are stored in a transaction
     (the caller's, if open) that locks their window rows first: a job whose window
@@ -385,7 +499,7 @@ def _store_once(
     from .models import Job
 
     def insert_all(news: Sequence[NewJob]) -> list[Job | Held]:
-        return [insert_one(news[0])] if one else insert(news, batch_size=batch_size)
+        return [insert_one(news[0])] if one else insert(news, batch_size=batch_size, analyze=analyze)
 
     if not any(window for _, window in prepared):
         return insert_all([new for new, _ in prepared])
@@ -425,14 +539,11 @@ def _handles(outcomes: Sequence[Job | Held]) -> list[JobHandle]:
     from .bulk import Held
     from .handles import JobHandle
 
-    send = signals.job_enqueued.has_listeners(JobDefinition)
+    _announce(outcomes)
     held = [outcome for outcome in outcomes if isinstance(outcome, Held)]
     if not held:
         # Nothing left out (every enqueue of jobs that are not unique): no more work than before.
         jobs = cast("list[Job]", outcomes)
-        if send:
-            for job in jobs:
-                signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
         if len(jobs) == 1:
             logger.debug("enqueued job=%s id=%s queue=%s", jobs[0].name, jobs[0].pk, jobs[0].queue)
         return [JobHandle.from_job(job) for job in jobs]
@@ -443,10 +554,19 @@ def _handles(outcomes: Sequence[Job | Held]) -> list[JobHandle]:
             handles.append(next(duplicates))
             logger.debug("not enqueued, unique key held key=%s by_id=%s", outcome.key, outcome.job_id)
             continue
-        if send:
-            signals.job_enqueued.send_robust(sender=JobDefinition, job=outcome)
         handles.append(JobHandle.from_job(outcome))
     return handles
+
+
+def _announce(outcomes: Sequence[Job | Held]) -> int:
+    """Send ``job_enqueued`` for each stored job (not for those left out); return how many were stored."""
+    from .bulk import Held
+
+    stored = [outcome for outcome in outcomes if not isinstance(outcome, Held)]
+    if signals.job_enqueued.has_listeners(JobDefinition):
+        for job in stored:
+            signals.job_enqueued.send_robust(sender=JobDefinition, job=job)
+    return len(stored)
 
 
 def _load_database_times(jobs: list[Job]) -> None:

@@ -76,6 +76,12 @@ def _get_tracer() -> Tracer | None:
     return _tracer
 
 
+def carries() -> bool:
+    """Tell whether ``enqueue_context`` may return something now: a span would be
+    recorded, or the caller's context passed on (asked once for many enqueues)."""
+    return _get_tracer() is not None or trace.get_current_span().get_span_context().is_valid
+
+
 def enqueue_context(step: dict[str, Any]) -> dict[str, str] | None:
     """Record the enqueue of ``step`` as a span; return the trace context to store with the
     job, or None when there is none to carry."""

@@ -116,12 +116,17 @@ def test_more_rows_than_batch_size_take_one_insert_per_batch_and_keep_their_orde
     assert returned(rows) == stored(rows)
 
 
-@pytest.mark.django_db
-def test_nothing_is_inserted_when_any_argument_cannot_be_stored_even_in_a_later_batch():
+@pytest.mark.django_db(transaction=True)
+def test_a_bad_argument_in_a_later_batch_names_its_call_and_undoes_the_batches_sent_before():
+    # Streamed: the first batch of 100 is sent before call 151 is read; enqueue_many's own
+    # transaction takes it back.
     calls = [jobs.add.bind(i, i) for i in range(150)] + [jobs.add.bind(object(), 1)]
-    with CaptureQueriesContext(connection) as queries, pytest.raises(TypeError, match=r"argument 0 .* object"):
-        enqueue_many(calls, batch_size=100)
-    assert inserts(queries) == []
+    with CaptureQueriesContext(connection) as queries, pytest.raises(TypeError) as raised:
+        enqueue_many(iter(calls), batch_size=100)
+    expected = f"call 151 of enqueue_many (index 150): Cannot enqueue {jobs.add.name}: argument 0"
+    assert str(raised.value).startswith(expected)
+    assert raised.value.position == 150  # type: ignore[attr-defined]
+    assert len(inserts(queries)) == 1
     assert Job.objects.count() == 0
 
 
