@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from django_dbqueue import registry
+from django_dbqueue import registry, schedules
 from django_dbqueue.checks import check_settings
 from django_dbqueue.models import FailedJob, Job
 from tests.conftest import run_worker
@@ -144,10 +144,13 @@ def _id(path: Path) -> str:
 
 @pytest.fixture
 def clean_registry() -> Iterator[None]:
-    before = set(registry.all_definitions())
+    """Forget the jobs and periodic schedules a page declared once its test is over."""
+    jobs, declared = set(registry.all_definitions()), set(schedules.all_schedules())
     yield
-    for name in set(registry.all_definitions()) - before:
+    for name in set(registry.all_definitions()) - jobs:
         registry.unregister(name)
+    for name in set(schedules.all_schedules()) - declared:
+        schedules.unschedule(name)
 
 
 RUNNABLE = [path for path in _files() if any(not marked for _, _, marked in python_blocks(path))]
