@@ -365,14 +365,15 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
         raise ValueError("batch_size must be at least 1")
     from django.db import connections
 
-    from .bulk import analyze_if_large, copy_insert, copy_usable
+    from .bulk import analyze_if_large, insert_rows, rows_usable
 
     using = db.alias()
     connection = connections[using]
     kept: list[JobHandle] = []
     stored = 0
-    # COPY returns no rows: not for handles, nor for job_enqueued's receivers, which get each row.
-    copying = not handles and copy_usable(connection) and not signals.job_enqueued.has_listeners(JobDefinition)
+    # Rows inserted without being read back (COPY on PostgreSQL): not for handles,
+    # nor for job_enqueued's receivers, which get each row.
+    copying = not handles and rows_usable(connection) and not signals.job_enqueued.has_listeners(JobDefinition)
     if isinstance(calls, Sequence):
         # Already in memory: checked whole before anything is sent, and stored as one
         # enqueue (run again after a deadlock when it is a transaction of its own).
@@ -392,7 +393,7 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
             prepared = _prepare_all(chunk, calls_read)
             calls_read += len(chunk)
             if copying and not any(window or new.unique_key for new, window in prepared):
-                stored += copy_insert(connection, [new for new, _ in prepared])
+                stored += insert_rows(connection, [new for new, _ in prepared])
                 continue
             outcomes = _store(prepared, batch_size=batch_size, analyze=False)
             if handles:
@@ -407,7 +408,7 @@ def _enqueue_sequence(calls: Sequence[JobCall], batch_size: int, handles: bool, 
     """``enqueue_many`` of a list: every call prepared, then stored."""
     from django.db import connections
 
-    from .bulk import analyze_if_large, copy_insert
+    from .bulk import analyze_if_large, insert_rows
 
     prepared = _prepare_all(calls, 0)
     if not prepared:
@@ -418,7 +419,7 @@ def _enqueue_sequence(calls: Sequence[JobCall], batch_size: int, handles: bool, 
         own = len(prepared) > batch_size and not connection.in_atomic_block
         with transaction.atomic(using=using, savepoint=False) if own else _nothing():
             for start in range(0, len(prepared), batch_size):
-                copy_insert(connection, [new for new, _ in prepared[start : start + batch_size]])
+                insert_rows(connection, [new for new, _ in prepared[start : start + batch_size]])
         analyze_if_large(using, len(prepared))
         return len(prepared)
     outcomes = _store(prepared, batch_size=batch_size)
