@@ -48,6 +48,7 @@ class Config:
 
     enqueue_one: int = 2000  # BENCH_ENQUEUE_ONE
     enqueue_bulk: int = 50_000  # BENCH_ENQUEUE_BULK
+    enqueue_stream: int = 1_000_000  # BENCH_ENQUEUE_STREAM (django-dbqueue only: handles=False)
     drain_jobs: int = 0  # BENCH_DRAIN_JOBS: fixed jobs per drain; 0 sizes each drain for BENCH_DRAIN_SECONDS
     drain_seconds: float = 6.0  # BENCH_DRAIN_SECONDS
     drain_min: int = 500  # BENCH_DRAIN_MIN
@@ -77,6 +78,7 @@ class Config:
         return cls(
             enqueue_one=env_int("BENCH_ENQUEUE_ONE", base.enqueue_one),
             enqueue_bulk=env_int("BENCH_ENQUEUE_BULK", base.enqueue_bulk),
+            enqueue_stream=env_int("BENCH_ENQUEUE_STREAM", base.enqueue_stream),
             drain_jobs=env_int("BENCH_DRAIN_JOBS", base.drain_jobs),
             drain_seconds=env_float("BENCH_DRAIN_SECONDS", base.drain_seconds),
             drain_min=env_int("BENCH_DRAIN_MIN", base.drain_min),
@@ -101,6 +103,7 @@ class Config:
         return cls(
             enqueue_one=200,
             enqueue_bulk=5000,
+            enqueue_stream=20_000,
             drain_seconds=1.5,
             drain_min=200,
             drain_max=2000,
@@ -393,6 +396,15 @@ class Bench:
         self.attempt(system, "enqueue_one", lambda: driver(system, "enqueue-one", "--count", str(c.enqueue_one)))
         if system.has_bulk:
             self.attempt(system, "enqueue_bulk", lambda: driver(system, "enqueue-bulk", "--count", str(c.enqueue_bulk)))
+        if system.key.startswith("dbqueue"):
+            self.attempt(
+                system,
+                "enqueue_bulk_count",
+                lambda: driver(system, "enqueue-bulk-count", "--count", str(c.enqueue_bulk)),
+            )
+            self.attempt(
+                system, "enqueue_stream", lambda: driver(system, "enqueue-stream", "--count", str(c.enqueue_stream))
+            )
 
     def drain_once(
         self,
@@ -867,6 +879,9 @@ def table_rows(results: dict[str, dict[str, Any]], config: Config) -> list[dict[
 
     add("enqueue one at a time", "jobs/s", True, "enqueue_one", "jobs_per_s")
     add("enqueue bulk", "jobs/s", True, "enqueue_bulk", "jobs_per_s")
+    add("enqueue bulk, handles=False (count only)", "jobs/s", True, "enqueue_bulk_count", "jobs_per_s")
+    add(f"stream of {config.enqueue_stream:,} calls, handles=False", "jobs/s", True, "enqueue_stream", "jobs_per_s")
+    add("  its peak memory growth", "MB", False, "enqueue_stream", "rss_growth_mb")
     for n in (1, 2, 4):
         add(f"drain, {n} worker process{'es' if n > 1 else ''}", "jobs/s", True, f"drain_{n}", "jobs_per_s")
     for n in (1, 2, 4):
@@ -1068,6 +1083,8 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ratio_goal("drain, 4 workers, on par with pgqueuer (>= 0.9x)", "drain_4", "pgqueuer", 0.9),
         ratio_goal("drain, 1 worker, vs procrastinate", "drain_1", "procrastinate", 3),
         ratio_goal("bulk enqueue vs procrastinate", "enqueue_bulk", "procrastinate", 2),
+        ratio_goal("bulk enqueue vs pgqueuer (issue 18)", "enqueue_bulk", "pgqueuer", 1.5),
+        ratio_goal("single enqueue vs pgqueuer (issue 18)", "enqueue_one", "pgqueuer", 1.0),
     ]
     for key, limit in (("p50_ms", 5.0), ("p95_ms", 20.0)):
         measured = value("dbqueue", "latency", key)

@@ -108,6 +108,41 @@ def enqueue_bulk(count: int) -> dict[str, Any]:
     return {"jobs": count, "seconds": seconds, "jobs_per_s": count / seconds, "stored": remaining()}
 
 
+def enqueue_bulk_count(count: int) -> dict[str, Any]:
+    """``enqueue_many(..., handles=False)``: no handles, no rows read back (COPY on PostgreSQL)."""
+    from bench.benchapp.jobs import noop
+    from django_dbqueue import enqueue_many
+
+    clear()
+    seconds = timed(lambda: enqueue_many((noop.bind(i) for i in range(count)), handles=False))
+    return {"jobs": count, "seconds": seconds, "jobs_per_s": count / seconds, "stored": remaining()}
+
+
+def enqueue_stream(count: int) -> dict[str, Any]:
+    """A generator of ``count`` calls streamed with ``handles=False``: the rate and the growth
+    of this process's peak resident memory (after a first batch, rolled back, has warmed it)."""
+    import resource
+
+    from django.db import transaction
+
+    from bench.benchapp.jobs import noop
+    from django_dbqueue import enqueue_many
+
+    def peak_mb() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    clear()
+    with transaction.atomic():
+        enqueue_many((noop.bind(i) for i in range(1000)), handles=False)
+        transaction.set_rollback(True)
+    before = peak_mb()
+    seconds = timed(lambda: enqueue_many((noop.bind(i) for i in range(count)), handles=False))
+    grown = peak_mb() - before
+    stored = remaining()
+    clear()
+    return {"jobs": count, "seconds": seconds, "jobs_per_s": count / seconds, "rss_growth_mb": grown, "stored": stored}
+
+
 def fill(count: int) -> dict[str, Any]:
     from bench.benchapp.jobs import noop
     from django_dbqueue import enqueue_many
@@ -280,7 +315,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
         "command",
-        choices=["setup", "enqueue-one", "enqueue-bulk", "fill", "remaining", "latency", "claim", "queries-per-job"],
+        choices=[
+            "setup",
+            "enqueue-one",
+            "enqueue-bulk",
+            "enqueue-bulk-count",
+            "enqueue-stream",
+            "fill",
+            "remaining",
+            "latency",
+            "claim",
+            "queries-per-job",
+        ],
     )
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--path", default="")
@@ -299,6 +345,10 @@ def main() -> None:
         emit(enqueue_one(args.count))
     elif args.command == "enqueue-bulk":
         emit(enqueue_bulk(args.count))
+    elif args.command == "enqueue-bulk-count":
+        emit(enqueue_bulk_count(args.count))
+    elif args.command == "enqueue-stream":
+        emit(enqueue_stream(args.count))
     elif args.command == "fill":
         emit(fill(args.count))
     elif args.command == "remaining":
