@@ -227,6 +227,71 @@ def insert(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool 
     return jobs
 
 
+class Stream:
+    """Batches of a stream inserted one statement ahead (PostgreSQL, inside a transaction).
+
+    ``send`` sends a batch's unnest INSERT and returns the rows (``Row``) of the
+    batch sent before it; in psycopg's pipeline mode the server inserts a batch while the
+    caller prepares the next. ``flush`` returns the last batch's rows (before
+    anything else runs on the connection). Elsewhere ``usable`` is False.
+    """
+
+    def __init__(self, connection: BaseDatabaseWrapper, using: str) -> None:
+        self.connection = connection
+        self.using = using
+        self.usable = connection.vendor == "postgresql" and _fits_table()
+        self._sent: tuple[Sequence[NewJob], Any] | None = None
+        self._pipeline: Any = None
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            pipeline.__exit__(kind, exc, traceback)
+
+    def send(self, batch: Sequence[NewJob]) -> list[Row]:
+        if self._pipeline is None:
+            self._pipeline = _pipeline(self.connection)
+            self._pipeline.__enter__()
+        cursor = self.connection.cursor()
+        cursor.execute(*_statement(self.connection, batch))
+        done = self._read()
+        self._sent = (batch, cursor)
+        return done
+
+    def flush(self) -> list[Row]:
+        done = self._read()
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            pipeline.__exit__(None, None, None)
+        return done
+
+    def _read(self) -> list[Row]:
+        if self._sent is None:
+            return []
+        batch, cursor = self._sent
+        self._sent = None
+        with cursor:
+            returned = cursor.fetchall()
+        using = self.using
+        return [Row(using, new, *row) for new, row in zip(batch, returned, strict=True)]
+
+
+class Row(NamedTuple):
+    """A row a ``Stream`` inserted; its model instance is built only when asked for."""
+
+    using: str
+    new: NewJob
+    pk: int
+    available_at: datetime
+    created_at: datetime
+
+    def job(self) -> Job:
+        return _saved(self.using, self.new, self.pk, self.available_at, self.created_at)
+
+
 def insert_one(new: NewJob) -> Job | Held:
     """Insert one new job and return it saved, with its id and times (or ``Held``).
 

@@ -30,15 +30,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from asgiref.sync import sync_to_async
 
 from . import conf, payload, registry
 from .db import DbNow
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
+
+if TYPE_CHECKING:
+    from .bulk import Row
 
 # A handle follows at most this many retries from FailedJob.
 MAX_RETRIES_FOLLOWED = 100
@@ -78,13 +81,23 @@ class JobHandle:
     job_id: int | None = None
     errors: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     finished_at: Any = None
-    job: Job | None = dataclasses.field(default=None, repr=False)
+    _job: Job | None = dataclasses.field(default=None, repr=False)
     _result: Any = dataclasses.field(default=None, repr=False)
     enqueued: bool = True
+    # Builds ``job`` when first asked for (a bulk enqueue's handles: most are never asked).
+    _make_job: Callable[[], Job] | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.job_id is None:
             self.job_id = self.id
+
+    @property
+    def job(self) -> Job | None:
+        """The row as enqueued, on a handle an enqueue returned; else None."""
+        if self._job is None and self._make_job is not None:
+            self._job = self._make_job()
+            self._make_job = None
+        return self._job
 
     @property
     def pk(self) -> int:
@@ -114,7 +127,18 @@ class JobHandle:
             name=job.name,
             queue=job.queue,
             status=JobStatus.DELAYED if delayed else JobStatus.WAITING,
-            job=job,
+            _job=job,
+        )
+
+    @classmethod
+    def from_row(cls, row: Row) -> JobHandle:
+        """The handle of a row a bulk enqueue inserted; its ``job`` is built if asked for."""
+        return cls(
+            id=row.pk,
+            name=row.new.name,
+            queue=row.new.queue,
+            status=JobStatus.DELAYED if row.available_at > row.created_at else JobStatus.WAITING,
+            _make_job=row.job,
         )
 
     @classmethod

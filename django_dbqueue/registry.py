@@ -11,7 +11,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, NoReturn, ParamSpec, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    NamedTuple,
+    NoReturn,
+    ParamSpec,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
@@ -365,7 +377,8 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
         raise ValueError("batch_size must be at least 1")
     from django.db import connections
 
-    from .bulk import analyze_if_large, insert_rows, rows_usable
+    from .bulk import Row, Stream, analyze_if_large, insert_rows, rows_usable
+    from .handles import JobHandle
 
     using = db.alias()
     connection = connections[using]
@@ -387,19 +400,45 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     # batches leaves the choice to it), else one of our own. A single batch needs
     # none: ``_store`` runs an enqueue of unique jobs that met a deadlock again.
     own = second is not None and not connection.in_atomic_block
-    with transaction.atomic(using=using, savepoint=False) if own else _nothing():
+
+    def deliver(outcomes: Sequence[Job | Held]) -> None:
+        nonlocal stored
+        if handles:
+            kept.extend(_handles(outcomes))
+        else:
+            stored += _announce(outcomes)
+
+    def deliver_rows(rows: list[Row]) -> None:
+        nonlocal stored
+        if signals.job_enqueued.has_listeners(JobDefinition):
+            deliver([row.job() for row in rows])
+        elif handles:
+            kept.extend([JobHandle.from_row(row) for row in rows])
+        else:
+            stored += len(rows)
+
+    in_transaction = own or connection.in_atomic_block
+    with (
+        transaction.atomic(using=using, savepoint=False) if own else _nothing(),
+        Stream(connection, using) if in_transaction else _nothing() as stream,
+    ):
         calls_read = 0
         for chunk in itertools.chain((first,), () if second is None else (second,), chunks):
             prepared = _prepare_all(chunk, calls_read)
             calls_read += len(chunk)
-            if copying and not any(window or new.unique_key for new, window in prepared):
+            plain = not any(window or new.unique_key for new, window in prepared)
+            if copying and plain:
                 stored += insert_rows(connection, [new for new, _ in prepared])
-                continue
-            outcomes = _store(prepared, batch_size=batch_size, analyze=False)
-            if handles:
-                kept += _handles(outcomes)
+            elif stream is not None and stream.usable and plain:
+                # Sent now, read back once the next batch is sent: the server inserts
+                # this one while the next is prepared.
+                deliver_rows(stream.send([new for new, _ in prepared]))
             else:
-                stored += _announce(outcomes)
+                if stream is not None:
+                    deliver_rows(stream.flush())
+                deliver(_store(prepared, batch_size=batch_size, analyze=False))
+        if stream is not None:
+            deliver_rows(stream.flush())
     analyze_if_large(using, calls_read)
     return kept if handles else stored
 
@@ -427,15 +466,34 @@ def _enqueue_sequence(calls: Sequence[JobCall], batch_size: int, handles: bool, 
 
 
 def _prepare_all(calls: Sequence[JobCall], first: int) -> list[tuple[NewJob, unique.Window | None]]:
-    """``JobCall._prepared`` of each call; an error names the call's position (``first`` + its index)."""
+    """``JobCall._prepared`` of each call; an error names the call's position (``first`` + its index).
+
+    A call with nothing to work out but its arguments (``_Plain``: no unique key,
+    no limit, no deadline, nothing chained, no trace to carry) takes the values
+    its definition shares from the first such call of the batch, and only its
+    arguments are encoded: the same row in about half the time (docs/enqueue.md;
+    ``tests/test_enqueue_stream.py`` compares the two).
+    """
     from . import tracing
 
-    prepared = []
+    prepared: list[tuple[NewJob, unique.Window | None]] = []
     trace = tracing.enabled and tracing.carries()
     checked: set[tuple[str, str]] = set()
+    plains: dict[int, _Plain | None] = {}
     for call in calls:
         try:
-            prepared.append(call._prepared(trace=trace, checked=checked))
+            definition = call.definition
+            plain = None
+            if not trace and not call.callbacks and call.failure_callback is None:
+                key = id(definition)
+                if key in plains:
+                    plain = plains[key]
+                else:
+                    plain = plains[key] = _Plain.of(definition)
+            if plain is None:
+                prepared.append(call._prepared(trace=trace, checked=checked))
+            else:
+                prepared.append((plain.new_job(call.args, call.kwargs), None))
         except Exception as exc:
             position = first + len(prepared)
             if exc.args and isinstance(exc.args[0], str):
@@ -445,9 +503,67 @@ def _prepare_all(calls: Sequence[JobCall], first: int) -> list[tuple[NewJob, uni
     return prepared
 
 
+class _Plain(NamedTuple):
+    """What the rows of one job definition's plain calls share: all but the payload."""
+
+    queue: str
+    name: str
+    priority: int
+    max_tries: int | None
+    retry_after: int
+    timeout: int | None
+    delay: float
+    # Envelope keys after the arguments, in ``chains.new_job``'s order.
+    options: dict[str, Any]
+
+    @classmethod
+    def of(cls, definition: JobDefinition[..., Any]) -> _Plain | None:
+        """The shared values, or None if a call of ``definition`` needs more than its arguments."""
+        if (
+            unique.scope(definition) is not None
+            or definition.unique_for is not None
+            or definition.uses_limits
+            or definition.retry_until is not None
+        ):
+            return None
+        from .chains import check_queue
+
+        queue = definition.effective_queue
+        check_queue(definition.name, queue)
+        options: dict[str, Any] = {}
+        backoff = _backoff_json(definition.backoff)
+        if backoff:
+            options["backoff"] = backoff
+        if definition.max_exceptions is not None:
+            options["max_exceptions"] = definition.max_exceptions
+        return cls(
+            queue=queue,
+            name=definition.name,
+            priority=int(definition.priority or 0),
+            max_tries=definition.tries,
+            retry_after=int(definition.retry_after or conf.get("RETRY_AFTER")),
+            timeout=definition.timeout,
+            delay=float(definition.delay or 0),
+            options=options,
+        )
+
+    def new_job(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> NewJob:
+        from .bulk import NewJob
+
+        try:
+            encoded = payload.encode_arguments(args, kwargs)
+        except TypeError as exc:
+            raise TypeError(f"Cannot enqueue {self.name}: {exc}") from None
+        text = payload.dumps({"v": payload.VERSION, **encoded, **self.options})
+        payload.check_size(self.name, text)
+        return NewJob(
+            self.queue, self.name, text, self.priority, self.max_tries, self.retry_after, self.timeout, self.delay
+        )
+
+
 @contextmanager
-def _nothing() -> Iterator[None]:
-    yield
+def _nothing() -> Iterator[Any]:
+    yield None
 
 
 # Times an enqueue of unique jobs that is a transaction of its own is run, when

@@ -253,3 +253,26 @@ def test_on_postgresql_rows_without_handles_go_through_copy_and_notify_once_per_
     assert sent.count("SELECT statement_timestamp()") == 3
     assert not any(sql.startswith("INSERT") for sql in sent)
     assert Job.objects.count() == 3000
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("settings_dict", [None, {"QUEUE": "elsewhere", "RETRY_AFTER": 77}])
+def test_a_batch_prepares_each_call_as_a_single_enqueue_does(settings_dict, settings):
+    from django_dbqueue import registry
+
+    if settings_dict:
+        settings.DBQUEUE = settings_dict
+    calls = [
+        *every_option(),
+        jobs.add.using(tries=1, timeout=1, priority=100, delay=0.25).bind(-1, 1.5),
+        jobs.fail_with_backoff.using(backoff=7, max_exceptions=1).bind(),
+        jobs.echo.bind(dt.date(2026, 12, 1), when=dt.timedelta(seconds=3), ok=None),
+        jobs.add.bind(3, 4),
+    ]
+    # Most of these take the shortcut; the unique, limited, deadline and chained ones do not.
+    assert registry._Plain.of(jobs.add) is not None and registry._Plain.of(jobs.fail_with_backoff) is not None
+    assert registry._Plain.of(jobs.record.using(unique=True)) is None and registry._Plain.of(limit_jobs.keyed) is None
+    batch = registry._prepare_all(calls, 0)
+    one_by_one = [call._prepared() for call in calls]
+    assert [new for new, _ in batch] == [new for new, _ in one_by_one]
+    assert [window for _, window in batch] == [window for _, window in one_by_one]
