@@ -325,7 +325,13 @@ class JobCall:
         A unique job whose key is held stores nothing: the handle is the holder's,
         with ``enqueued`` False (docs/unique.md).
         """
-        return _handles(_store([self._prepared()], one=True))[0]
+        from . import tracing
+
+        plain = None
+        if not self.callbacks and self.failure_callback is None and not (tracing.enabled and tracing.carries()):
+            plain = _Plain.cached(self.definition)
+        prepared = self._prepared() if plain is None else (plain.new_job(self.args, self.kwargs), None)
+        return _handles(_store([prepared], one=True))[0]
 
     async def aenqueue(self) -> JobHandle:
         from asgiref.sync import sync_to_async
@@ -546,6 +552,19 @@ class _Plain(NamedTuple):
             delay=float(definition.delay or 0),
             options=options,
         )
+
+    @classmethod
+    def cached(cls, definition: JobDefinition[..., Any]) -> _Plain | None:
+        """``of``, kept on the definition while the settings stay the same (one enqueue at a time)."""
+        settings = conf.get_settings()
+        kept = definition.__dict__.get("_plain")
+        if kept is not None and kept[0] is settings:
+            plain: _Plain | None = kept[1]
+            return plain
+        plain = cls.of(definition)
+        # Not a field: invisible to equality, repr and dataclasses.replace (``using`` makes a new one).
+        object.__setattr__(definition, "_plain", (settings, plain))
+        return plain
 
     def new_job(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> NewJob:
         from .bulk import NewJob

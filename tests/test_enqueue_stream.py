@@ -8,6 +8,7 @@ elsewhere) storing every option exactly as the insert that returns them.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -22,7 +23,7 @@ from django.db import connection, transaction
 
 from django_dbqueue import JobCall, enqueue_many, signals
 from django_dbqueue.models import Job
-from tests.testapp import jobs, limit_jobs
+from tests.testapp import jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 MILLION = 1_000_000
@@ -136,6 +137,9 @@ def test_inside_the_callers_transaction_the_batches_sent_before_the_error_are_it
 
 
 DEADLINE = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+# Limited copies of a test job (not registered: their queue would show in the system checks of other tests).
+keyed = dataclasses.replace(jobs.add, concurrency_key=lambda a, b: f"customer-{a}", concurrency_limit=1)
+rated = dataclasses.replace(jobs.add, rate_limit="20/s")
 
 
 def every_option() -> list[JobCall]:
@@ -149,8 +153,8 @@ def every_option() -> list[JobCall]:
         jobs.record.using(retry_until=DEADLINE, max_exceptions=2).bind("deadline"),
         jobs.fail_with_backoff.bind(),
         jobs.record.bind("first").then(jobs.record.bind("then")).on_failure(jobs.record.bind("failed")),
-        limit_jobs.keyed.bind("customer-1", 1),
-        limit_jobs.rated.bind(3),
+        keyed.bind(1, 1),
+        rated.bind(3, 3),
         *(jobs.echo.bind(text, key=text) for text in awkward),
         jobs.record.using(unique=True).bind("unique"),
         jobs.record.using(unique=True).bind("unique"),  # held by the one before: not stored
@@ -197,7 +201,7 @@ def test_rows_stored_without_handles_are_the_rows_stored_with_them_option_by_opt
     envelope = json.loads(chained["payload"])
     assert [step["args"] for step in envelope["then"]] == [["then"]] and envelope["on_failure"]["args"] == ["failed"]
     assert (keyed["concurrency_key"], keyed["concurrency_limit"]) == ("customer-1", 1)
-    assert rated["rate_limit"].startswith(limit_jobs.JOB_RATE.split("/")[0] + "/")  # stored as count/seconds/burst
+    assert rated["rate_limit"].startswith("20/") and rated["rate_key"] == jobs.add.name  # count/seconds/burst
     *texts, unique = rest
     assert [json.loads(row["payload"])["args"][0] for row in texts] == [
         "\\",
@@ -271,7 +275,7 @@ def test_a_batch_prepares_each_call_as_a_single_enqueue_does(settings_dict, sett
     ]
     # Most of these take the shortcut; the unique, limited, deadline and chained ones do not.
     assert registry._Plain.of(jobs.add) is not None and registry._Plain.of(jobs.fail_with_backoff) is not None
-    assert registry._Plain.of(jobs.record.using(unique=True)) is None and registry._Plain.of(limit_jobs.keyed) is None
+    assert registry._Plain.of(jobs.record.using(unique=True)) is None and registry._Plain.of(keyed) is None
     batch = registry._prepare_all(calls, 0)
     one_by_one = [call._prepared() for call in calls]
     assert [new for new, _ in batch] == [new for new, _ in one_by_one]
