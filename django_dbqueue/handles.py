@@ -48,6 +48,9 @@ MAX_RETRIES_FOLLOWED = 100
 
 
 class JobStatus(enum.StrEnum):
+    """Where a job is now, as read by ``JobHandle``: waiting, delayed, running, succeeded,
+    failed or cancelled; ``status.finished`` is true for the last three."""
+
     WAITING = "waiting"
     DELAYED = "delayed"
     RUNNING = "running"
@@ -252,6 +255,7 @@ def get_job(job_id: int) -> JobHandle:
 
 
 async def aget_job(job_id: int) -> JobHandle:
+    """Return the handle of the job enqueued with ``job_id``: the async form of ``get_job``."""
     return await JobHandle.aget(job_id)
 
 

@@ -363,7 +363,8 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     ``batch_size`` calls at a time, each batch checked and sent before the next
     is read, so memory holds one batch (and the handles: with ``handles=False``
     none are kept, the number of jobs stored is returned, and on PostgreSQL the
-    rows go through ``COPY``). docs/enqueue.md has the figures.
+    rows go through ``COPY``). A list or tuple, already in memory, is checked
+    whole before anything is sent. docs/enqueue.md has the figures.
 
     A call that cannot be stored (an argument that is not JSON, an unknown
     queue, a payload too large, a key callable that raises) raises its error

@@ -55,11 +55,7 @@ DJANGO_BASE_OPTIONS = {
 # Public names whose docstring is missing in the code today, with the text to show meanwhile.
 # Each is a gap to fix in the code (then remove it here); the build warns if one gets a docstring,
 # so this list cannot outlive the gap.
-KNOWN_GAPS = {
-    "aget_job": "Return the handle of the job enqueued with ``job_id``: the async form of :func:`get_job`.",
-    "JobStatus": "Where a job is now, as read by :class:`JobHandle`: ``waiting``, ``delayed``, ``running``, "
-    "``succeeded``, ``failed`` or ``cancelled``; ``status.finished`` is true for the last three.",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 class _Generated(SphinxDirective):
