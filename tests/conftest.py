@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,22 @@ def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> N
             return
         time.sleep(0.05)
     raise AssertionError(message)
+
+
+@contextmanager
+def listening(channel: str = "dbqueue") -> Iterator[Any]:
+    """A psycopg connection of its own that LISTENs on ``channel`` (PostgreSQL), closed after."""
+    import psycopg
+
+    settings = connection.settings_dict
+    listener = psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"], autocommit=True
+    )
+    try:
+        listener.execute(f"LISTEN {channel}")
+        yield listener
+    finally:
+        listener.close()
 
 
 def session_id() -> int:

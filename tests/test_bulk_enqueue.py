@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import JobDefinition, enqueue_many, payload, signals
 from django_dbqueue.models import Job
-from tests.conftest import kill_session, session_id
+from tests.conftest import kill_session, listening, session_id
 from tests.testapp import jobs
 
 # Every column, to compare a returned row with the stored one.
@@ -236,14 +236,7 @@ def test_on_postgresql_a_value_too_long_for_its_column_is_refused_and_earlier_ba
 @postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_listeners_are_notified_once_the_transaction_commits():
-    import psycopg
-
-    settings = connection.settings_dict
-    listener = psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"], autocommit=True
-    )
-    try:
-        listener.execute("LISTEN dbqueue")
+    with listening() as listener:
         with transaction.atomic():
             enqueue_many(
                 [jobs.add.bind(1, 1), jobs.add.using(queue="emails").bind(2, 2), jobs.add.using(delay=60).bind(3, 3)]
@@ -253,8 +246,6 @@ def test_on_postgresql_listeners_are_notified_once_the_transaction_commits():
         notified = sorted(note.payload for note in listener.notifies(timeout=2, stop_after=2))
         assert notified == ["default", "emails"]
         assert list(listener.notifies(timeout=0.3)) == []
-    finally:
-        listener.close()
 
 
 def _kill_session(pid: int, after: float) -> threading.Thread:

@@ -23,6 +23,7 @@ from django.db import connection, transaction
 
 from django_dbqueue import JobCall, enqueue_many, signals
 from django_dbqueue.models import Job
+from tests.conftest import listening
 from tests.testapp import jobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,15 +235,9 @@ def test_without_handles_job_enqueued_receivers_still_get_every_row():
 @pytest.mark.skipif("connection.vendor != 'postgresql'", reason="COPY and NOTIFY are PostgreSQL's")
 @pytest.mark.django_db(transaction=True)
 def test_on_postgresql_rows_without_handles_go_through_copy_and_notify_once_per_queue_at_commit():
-    import psycopg
     from django.test.utils import CaptureQueriesContext
 
-    settings = connection.settings_dict
-    listener = psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"], autocommit=True
-    )
-    try:
-        listener.execute("LISTEN dbqueue")
+    with listening() as listener:
         with CaptureQueriesContext(connection) as queries, transaction.atomic():
             stream = (jobs.add.using(queue="emails" if i % 2 else "default").bind(i, i) for i in range(3000))
             assert enqueue_many(stream, handles=False) == 3000
@@ -250,8 +245,6 @@ def test_on_postgresql_rows_without_handles_go_through_copy_and_notify_once_per_
         notified = sorted(note.payload for note in listener.notifies(timeout=2, stop_after=2))
         assert notified == ["default", "emails"]
         assert list(listener.notifies(timeout=0.3)) == []
-    finally:
-        listener.close()
     # Three batches, each a reading of the clock and a COPY (which Django does not log), no INSERT.
     sent = [q["sql"] for q in queries.captured_queries]
     assert sent.count("SELECT statement_timestamp()") == 3
