@@ -364,8 +364,7 @@ def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> 
         return len(insert(new_jobs, batch_size=len(new_jobs), analyze=False))
     ops = connection.ops
     with connection.cursor() as cursor:
-        now = _clock(cursor, connection)
-        created = ops.adapt_datetimefield_value(now)
+        now, created = _clock(cursor, connection)
         rows = []
         for new in new_jobs:
             available = created if new.delay <= 0 else ops.adapt_datetimefield_value(now + timedelta(seconds=new.delay))
@@ -381,16 +380,23 @@ def _psycopg3(connection: BaseDatabaseWrapper) -> bool:
     return bool(is_psycopg3)
 
 
-def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> datetime:
-    """The database's clock now, as an aware UTC datetime (``db.DbNow``'s reading)."""
+def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]:
+    """The database's clock now (``db.DbNow``'s reading): as an aware UTC datetime, and as
+    the value to store for it.
+
+    SQLite compares times as text and its clock has milliseconds ("…:05.123"): stored
+    as Django writes a datetime ("…:05.123000"), a job would sort after that clock
+    reading and not be available before the next millisecond. So the reading's own
+    text is stored.
+    """
     if connection.vendor == "mysql":
         cursor.execute("SELECT UTC_TIMESTAMP(6)")
         (value,) = cursor.fetchone()
-        clock: datetime = value
-        return clock.replace(tzinfo=UTC)
+        clock: datetime = value.replace(tzinfo=UTC)
+        return clock, connection.ops.adapt_datetimefield_value(clock)
     cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
     (text,) = cursor.fetchone()
-    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    return datetime.fromisoformat(text).replace(tzinfo=UTC), text
 
 
 def _values_insert(connection: BaseDatabaseWrapper) -> str:
@@ -852,8 +858,7 @@ def _insert_returning(
     returning = f" RETURNING {quote(_field('id').column or 'id')}"
     jobs: list[Job] = []
     with transaction.atomic(using=using, savepoint=False), connection.cursor() as cursor:
-        now = _clock(cursor, connection)
-        created = ops.adapt_datetimefield_value(now)
+        now, created = _clock(cursor, connection)
         for start in range(0, len(new_jobs), per_statement):
             batch = new_jobs[start : start + per_statement]
             params: list[Any] = []

@@ -32,6 +32,11 @@ def stop_all(workers: list) -> None:
 @pytest.mark.parametrize("allow_failures", [False, True])
 def test_500_members_over_4_workers_with_10_failing(worker_process, allow_failures):
     failing = set(range(0, 500, 50))
+    # All four running before the batch exists: one slow to start (a loaded machine) would find
+    # the 500 members gone and make the spread below fail for a reason that is not the batch's.
+    workers = [worker_process("--sleep", "0.05") for _ in range(4)]
+    for worker in workers:
+        worker.wait_for_output("worker started")
     handle = (
         batch(*(jobs.member.bind(f"m{i}", fail=i in failing) for i in range(500)), allow_failures=allow_failures)
         .then(jobs.batch_callback.bind("cb-then"))
@@ -39,7 +44,6 @@ def test_500_members_over_4_workers_with_10_failing(worker_process, allow_failur
         .on_finish(jobs.batch_callback.bind("cb-finish"))
         .enqueue()
     )
-    workers = [worker_process("--sleep", "0.05") for _ in range(4)]
     wait_until(lambda: finished(handle.id), 120, "the batch did not finish")
     expected = {"cb-failure", "cb-finish", *(["cb-then"] if allow_failures else [])}
     wait_until(lambda: Run.objects.filter(key__in=CALLBACKS).count() == len(expected), 30, "callbacks did not run")
