@@ -847,7 +847,7 @@ def _insert_returning(
     """
     ops = connection.ops
     names = [*_ROW_COLUMNS, *_START_COLUMNS]
-    limit = connection.features.max_query_params
+    limit = _max_params(connection)
     per_statement = max(1, min(batch_size, limit // len(names))) if limit else batch_size
     quote = ops.quote_name
     head = (
@@ -875,6 +875,21 @@ def _insert_returning(
                 _saved(using, new, pk, available, now) for new, pk, available in zip(batch, ids, times, strict=True)
             ]
     return jobs
+
+
+def _max_params(connection: BaseDatabaseWrapper) -> int | None:
+    """How many parameters one statement may have (None: no limit but the packet size).
+
+    SQLite's is the connection's own (32,766 since 3.32); Django 5.2 assumes the
+    oldest default, 999, which would split a batch of 1,000 jobs into 44 statements.
+    """
+    if connection.vendor == "sqlite":
+        import sqlite3
+
+        connection.ensure_connection()
+        return int(connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    limit = connection.features.max_query_params
+    return None if limit is None else int(limit)
 
 
 @cache
