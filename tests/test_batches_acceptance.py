@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+from django.db import connection
 
 from django_dbqueue import batch, get_batch
 from django_dbqueue.models import FailedJob, Job, JobBatch
@@ -55,8 +56,11 @@ def test_500_members_over_4_workers_with_10_failing(worker_process, allow_failur
     assert Run.objects.filter(key__startswith="m").count() == 490
     assert FailedJob.objects.filter(batch_id=handle.id).count() == 10
     assert not Job.objects.exists()
-    # Spread over the workers: the counter is not a point where they wait in line.
-    assert len(set(Run.objects.filter(key__startswith="m").values_list("pid", flat=True))) == 4
+    # Spread over the workers: the counter is not a point where they wait in line. SQLite has one
+    # writer at a time, so there every claim waits in line anyway, and a worker whose poll comes
+    # late may find the 500 no-op members gone (CI saw 3 of 4 twice): more than one is the claim.
+    workers_used = len(set(Run.objects.filter(key__startswith="m").values_list("pid", flat=True)))
+    assert workers_used == 4 if connection.vendor != "sqlite" else workers_used >= 2
 
 
 def test_counts_stay_exact_after_a_worker_is_killed_mid_batch(worker_process):
