@@ -70,11 +70,19 @@ def test_counts_stay_exact_after_a_worker_is_killed_mid_batch(worker_process):
         .on_finish(jobs.batch_callback.bind("cb-finish"))
         .enqueue()
     )
-    victim = worker_process("--sleep", "0.05")
-    wait_until(lambda: Attempt.objects.count() >= 20, 60, "the first worker never ran members")
-    victim.process.kill()  # kill -9: its reserved members are reclaimed after retry_after (3 s)
-    victim.process.wait(timeout=10)
-    held = Job.objects.filter(batch_id=handle.id, reserved_at__isnull=False).count()
+    # kill -9 a worker while it holds a member: its reserved members are reclaimed after retry_after
+    # (3 s). A member runs 20 ms, so a kill can land between two members (CI saw it): then the
+    # victim held nothing and another one is started and killed, up to five.
+    held = 0
+    for _ in range(5):
+        ran = Attempt.objects.count()
+        victim = worker_process("--sleep", "0.05")
+        wait_until(lambda ran=ran: Attempt.objects.count() >= ran + 10, 60, "the victim never ran members")
+        victim.process.kill()
+        victim.process.wait(timeout=10)
+        held = Job.objects.filter(batch_id=handle.id, reserved_at__isnull=False).count()
+        if held:
+            break
     survivors = [worker_process("--sleep", "0.05") for _ in range(2)]
     wait_until(lambda: finished(handle.id), 120, "the batch did not finish after the reclaim")
     wait_until(lambda: Run.objects.filter(key__in=CALLBACKS).count() == 2, 30, "callbacks did not run")
