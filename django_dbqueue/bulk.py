@@ -29,7 +29,7 @@ from django.db import DatabaseError, IntegrityError, connections, models, transa
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
-from .db import DbNow, alias, cached_sql
+from .db import DbNow, alias
 from .models import ANALYZE_AFTER, Job
 
 
@@ -295,12 +295,13 @@ class Row(NamedTuple):
 def insert_one(new: NewJob) -> Job | Held:
     """Insert one new job and return it saved, with its id and times (or ``Held``).
 
-    On PostgreSQL one ``INSERT ... VALUES ... RETURNING``: one round trip, and
+    On PostgreSQL one call of ``dbqueue_enqueue`` (migration 0011), whose
+    INSERT the server keeps planned per session, which a statement sent from
+    here cannot be with Django's prepared statements off: one round trip, and
     no transaction of its own (one statement is atomic), so ``enqueue`` inside
-    the caller's transaction still becomes visible only on its commit. (The
-    unnest INSERT of a batch, with one row, took 60 µs more of the server's
-    time: docs/performance.md.) Elsewhere ``Model.save``, which gives the id
-    on every backend.
+    the caller's transaction still becomes visible only on its commit.
+    Elsewhere ``Model.save``, which gives the id on every backend.
+    docs/performance.md has the figures.
     """
     using = alias()
     connection = connections[using]
@@ -309,29 +310,19 @@ def insert_one(new: NewJob) -> Job | Held:
     if connection.vendor != "postgresql" or not _fits_table():
         return _save_one(new, using)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _one_row_insert(connection), (*new[: len(_PER_ROW)], *(new.flow or _NO_FLOW), new.batch_id, new.delay)
-        )
+        if new.flow is None and new.batch_id is None:
+            cursor.execute(_ENQUEUE_PLAIN, new[:_WITH_DELAY])
+        else:
+            cursor.execute(_ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or _NO_FLOW), new.batch_id))
         row = cursor.fetchone()
     return _saved(using, new, *row)
 
 
-@cached_sql
-def _one_row_insert(connection: BaseDatabaseWrapper) -> str:
-    """PostgreSQL's INSERT of one new job, its times from the server's clock."""
-    quote = connection.ops.quote_name
-    names = [*_PER_ROW, *Flow._fields, "batch_id", *_START_COLUMNS, "available_at", "created_at"]
-    values = [
-        *(["%s"] * (len(_PER_ROW) + len(Flow._fields) + 1)),
-        *("0", "0", "0", "0", "''", "false"),
-        "statement_timestamp() + make_interval(secs => %s::float8)",
-        "statement_timestamp()",
-    ]
-    returning = ", ".join(quote(_field(name).column or name) for name in ("id", "available_at", "created_at"))
-    return (
-        f"INSERT INTO {quote(Job._meta.db_table)} ({', '.join(quote(_field(name).column or name) for name in names)}) "
-        f"VALUES ({', '.join(values)}) RETURNING {returning}"
-    )
+# The function's parameters: those of ``NewJob`` up to the delay; then, if the
+# job uses flow control or is in a batch, the ``Flow`` columns and the batch.
+_WITH_DELAY = NewJob._fields.index("delay") + 1
+_ENQUEUE_PLAIN = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * _WITH_DELAY)})"
+_ENQUEUE_FLOW = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * (_WITH_DELAY + len(Flow._fields) + 1))})"
 
 
 # -- rows that need not come back (``enqueue_many(..., handles=False)``) -------

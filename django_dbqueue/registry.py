@@ -326,12 +326,15 @@ class JobCall:
         with ``enqueued`` False (docs/unique.md).
         """
         from . import tracing
+        from .bulk import insert_one
 
         plain = None
         if not self.callbacks and self.failure_callback is None and not (tracing.enabled and tracing.carries()):
             plain = _Plain.cached(self.definition)
-        prepared = self._prepared() if plain is None else (plain.new_job(self.args, self.kwargs), None)
-        return _handles(_store([prepared], one=True))[0]
+        if plain is not None:
+            # No key, no window: nothing for _store to lock, skip or run again.
+            return _handles([insert_one(plain.new_job(self.args, self.kwargs))])[0]
+        return _handles(_store([self._prepared()], one=True))[0]
 
     async def aenqueue(self) -> JobHandle:
         from asgiref.sync import sync_to_async
