@@ -29,7 +29,7 @@ from django.db import DatabaseError, IntegrityError, connections, models, transa
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
-from .db import DbNow, alias
+from .db import DbNow, alias, kept_cursor
 from .models import ANALYZE_AFTER, Job
 
 
@@ -309,13 +309,12 @@ def insert_one(new: NewJob) -> Job | Held:
         return _insert_unique(connection, using, [new], 1)[0]
     if connection.vendor != "postgresql" or not _fits_table():
         return _save_one(new, using)
-    with connection.cursor() as cursor:
-        if new.flow is None and new.batch_id is None:
-            cursor.execute(_ENQUEUE_PLAIN, new[:_WITH_DELAY])
-        else:
-            cursor.execute(_ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or _NO_FLOW), new.batch_id))
-        row = cursor.fetchone()
-    return _saved(using, new, *row)
+    cursor = kept_cursor(connection)
+    if new.flow is None and new.batch_id is None:
+        cursor.execute(_ENQUEUE_PLAIN, new[:_WITH_DELAY])
+    else:
+        cursor.execute(_ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or _NO_FLOW), new.batch_id))
+    return _saved(using, new, *cursor.fetchone())
 
 
 # The function's parameters: those of ``NewJob`` up to the delay; then, if the

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import JobCall, enqueue_many, signals
@@ -249,6 +249,30 @@ def test_rows_enqueued_one_at_a_time_are_the_rows_enqueued_in_bulk_option_by_opt
         # The two unique ones insert with ON CONFLICT (unique.py).
         assert sum("dbqueue_enqueue(" in sql for sql in sent) == len(every_option()) - 2
         assert sum(sql.startswith("INSERT") for sql in sent) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_single_enqueue_keeps_its_driver_cursor_across_calls_and_a_new_one_after_a_reconnect():
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    seen: list[str] = []
+
+    def watch(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with wrapper.execute_wrapper(watch):
+        first = jobs.add.enqueue(1, 1)
+        kept = wrapper.__dict__.get("_dbqueue_kept_cursor")
+        second = jobs.add.enqueue(2, 2)
+        assert wrapper.__dict__.get("_dbqueue_kept_cursor") is kept
+        wrapper.close()  # as at the end of a request with CONN_MAX_AGE=0
+        third = jobs.add.enqueue(3, 3)
+    # Django's wrapper is made for each call: execute_wrapper hooks see every enqueue.
+    assert len([sql for sql in seen if "dbqueue_job" in sql or "dbqueue_enqueue(" in sql]) == 3
+    if wrapper.vendor == "postgresql":  # elsewhere a single enqueue is Model.save()
+        assert kept is not None and wrapper.__dict__["_dbqueue_kept_cursor"] is not kept
+    stored = dict(Job.objects.values_list("id", "payload"))
+    assert [json.loads(stored[handle.id])["args"] for handle in (first, second, third)] == [[1, 1], [2, 2], [3, 3]]
 
 
 @pytest.mark.django_db(transaction=True)
