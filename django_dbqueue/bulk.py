@@ -295,26 +295,37 @@ class Row(NamedTuple):
 def insert_one(new: NewJob) -> Job | Held:
     """Insert one new job and return it saved, with its id and times (or ``Held``).
 
-    On PostgreSQL one call of ``dbqueue_enqueue`` (migration 0011), whose
-    INSERT the server keeps planned per session, which a statement sent from
-    here cannot be with Django's prepared statements off: one round trip, and
-    no transaction of its own (one statement is atomic), so ``enqueue`` inside
-    the caller's transaction still becomes visible only on its commit.
-    Elsewhere ``Model.save``, which gives the id on every backend.
-    docs/performance.md has the figures.
+    On PostgreSQL ``insert_row``; elsewhere ``Model.save``, which gives the id
+    on every backend.
     """
     using = alias()
-    connection = connections[using]
     if new.unique_key:
-        return _insert_unique(connection, using, [new], 1)[0]
+        return _insert_unique(connections[using], using, [new], 1)[0]
+    row = insert_row(new, using)
+    return _save_one(new, using) if row is None else row.job()
+
+
+def insert_row(new: NewJob, using: str) -> Row | None:
+    """On PostgreSQL, insert one new job without a unique key and return its row,
+    whose model instance is built only if asked for; elsewhere insert nothing
+    and return None.
+
+    One call of ``dbqueue_enqueue`` (migration 0011), whose INSERT the server
+    keeps planned per session, which a statement sent from here cannot be with
+    Django's prepared statements off: one round trip, and no transaction of its
+    own (one statement is atomic), so ``enqueue`` inside the caller's
+    transaction still becomes visible only on its commit. docs/performance.md
+    has the figures.
+    """
+    connection = connections[using]
     if connection.vendor != "postgresql" or not _fits_table():
-        return _save_one(new, using)
+        return None
     cursor = kept_cursor(connection)
     if new.flow is None and new.batch_id is None:
         cursor.execute(_ENQUEUE_PLAIN, new[:_WITH_DELAY])
     else:
         cursor.execute(_ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or _NO_FLOW), new.batch_id))
-    return _saved(using, new, *cursor.fetchone())
+    return Row(using, new, *cursor.fetchone())
 
 
 # The function's parameters: those of ``NewJob`` up to the delay; then, if the

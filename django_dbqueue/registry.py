@@ -326,15 +326,22 @@ class JobCall:
         with ``enqueued`` False (docs/unique.md).
         """
         from . import tracing
-        from .bulk import insert_one
+        from .bulk import insert_one, insert_row
+        from .handles import JobHandle
 
         plain = None
         if not self.callbacks and self.failure_callback is None and not (tracing.enabled and tracing.carries()):
             plain = _Plain.cached(self.definition)
-        if plain is not None:
-            # No key, no window: nothing for _store to lock, skip or run again.
-            return _handles([insert_one(plain.new_job(self.args, self.kwargs))])[0]
-        return _handles(_store([self._prepared()], one=True))[0]
+        if plain is None:
+            return _handles(_store([self._prepared()], one=True))[0]
+        # No key, no window: nothing for _store to lock, skip or run again; and on
+        # PostgreSQL the handle builds the row's model instance only if asked for.
+        new = plain.new_job(self.args, self.kwargs)
+        row = insert_row(new, db.alias())
+        if row is None or signals.job_enqueued.has_listeners(JobDefinition):
+            return _handles([insert_one(new) if row is None else row.job()])[0]
+        logger.debug("enqueued job=%s id=%s queue=%s", new.name, row.pk, new.queue)
+        return JobHandle.from_row(row)
 
     async def aenqueue(self) -> JobHandle:
         from asgiref.sync import sync_to_async
