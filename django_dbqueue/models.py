@@ -782,19 +782,15 @@ class Job(models.Model):
     class Meta:
         db_table = "dbqueue_job"
         ordering = ["-priority", "available_at", "id"]
-        indexes = [
-            # Serves the claim: queue = %s ORDER BY priority DESC, available_at, id
-            # LIMIT n, read in index order. Waiting rows come first within each
-            # priority; the few reserved rows are skipped by the filter. Not
-            # partial: PostgreSQL cannot order by an index after an IS NULL
-            # column, and MariaDB/MySQL have no partial indexes.
-            models.Index(
-                fields=["queue", "-priority", "available_at", "id"],
-                name="dbqueue_job_claim",
-            ),
-            # Serves the reclaim and the supervisor's lookups of reserved rows.
-            models.Index(fields=["reserved_at"], name="dbqueue_job_reserved"),
-        ]
+        # Its indexes are made by the migrations, per database (the partial ones
+        # where the database has partial indexes): dbqueue_job_claim (queue,
+        # priority DESC, available_at, id) serves the claim on MariaDB, MySQL and
+        # SQLite; on PostgreSQL the claim reads dbqueue_job_waiting, the same
+        # columns WHERE reserved_at IS NULL AND NOT blocked (0004, 0008), and the
+        # full one is gone (0012). dbqueue_job_reserved (reserved_at) serves the
+        # reclaim and the lookups of reserved rows, partial (reserved_at IS NOT
+        # NULL) on PostgreSQL and SQLite; the flow-control and batch columns have
+        # partial indexes of their own (0008, 0009).
         constraints = [
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100),
