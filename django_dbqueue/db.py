@@ -186,8 +186,7 @@ def bound_cursor(connection: Any) -> Any:
     import psycopg
 
     connection.ensure_connection()
-    cursor = psycopg.Cursor(connection.connection)
-    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
+    return _wrapped(connection, psycopg.Cursor(connection.connection))
 
 
 def kept_cursor(connection: Any) -> Any:
@@ -204,7 +203,11 @@ def kept_cursor(connection: Any) -> Any:
     kept = connection.__dict__.get("_dbqueue_kept_cursor")
     if kept is None or kept[0] is not connection.connection or kept[1].closed:
         kept = connection.__dict__["_dbqueue_kept_cursor"] = (connection.connection, connection.create_cursor())
-    cursor = kept[1]
+    return _wrapped(connection, kept[1])
+
+
+def _wrapped(connection: Any, cursor: Any) -> Any:
+    """A driver cursor in Django's cursor wrapper, as ``connection.cursor()`` wraps its own."""
     connection.validate_thread_sharing()
     return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
 

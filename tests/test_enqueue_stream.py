@@ -275,6 +275,32 @@ def test_a_single_enqueue_keeps_its_driver_cursor_across_calls_and_a_new_one_aft
     assert [json.loads(stored[handle.id])["args"] for handle in (first, second, third)] == [[1, 1], [2, 2], [3, 3]]
 
 
+@pytest.mark.django_db
+def test_a_new_job_writes_no_entry_in_the_index_of_reserved_rows():
+    # Migration 0012: partial where the database has partial indexes; on PostgreSQL the
+    # claim reads the partial index of waiting rows, and the full claim index is gone.
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'dbqueue_job'")
+            indexes = dict(cursor.fetchall())
+    elif connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'dbqueue_job'")
+            indexes = {name: sql or "" for name, sql in cursor.fetchall()}
+    else:
+        # MariaDB and MySQL have no partial indexes: both stay, full.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT DISTINCT index_name FROM information_schema.statistics "
+                "WHERE table_schema = DATABASE() AND table_name = 'dbqueue_job'"
+            )
+            names = {name for (name,) in cursor.fetchall()}
+        assert {"dbqueue_job_claim", "dbqueue_job_reserved"} <= names
+        return
+    assert "WHERE reserved_at IS NOT NULL" in indexes["dbqueue_job_reserved"].replace("(", "").replace(")", "")
+    assert ("dbqueue_job_claim" in indexes) == (connection.vendor == "sqlite")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_without_handles_job_enqueued_receivers_still_get_every_row():
     received: list[Job] = []
