@@ -19,12 +19,14 @@ from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
 from . import conf
 from .db import DbNow, alias, bound_cursor, cached_sql, read_back
+from .validation import MAX_PRIORITY, MIN_PRIORITY
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -720,6 +722,9 @@ NO_CANCEL, CANCEL, CANCEL_HARD = 0, 1, 2
 CANCELLED_CLASS = "django_dbqueue.exceptions.JobCancelled"
 
 
+NOT_NEGATIVE = [MinValueValidator(0)]
+
+
 class Job(models.Model):
     """A job waiting, delayed or reserved. Finished jobs are deleted."""
 
@@ -728,25 +733,31 @@ class Job(models.Model):
     name = models.CharField(max_length=200, help_text="Registered name of the job definition.")
     payload = models.TextField(help_text="JSON envelope: arguments and options.")
     # Higher runs first within a queue; Django's Tasks framework uses -100..100.
-    priority = models.SmallIntegerField(default=0)
+    # The table has no CHECK constraints on PostgreSQL (migration 0013: there they
+    # cost a quarter of an INSERT's work); the values are checked where they are
+    # made (registry.py, validation.py), and the validators say the same to
+    # ``full_clean`` and forms.
+    priority = models.SmallIntegerField(
+        default=0, validators=[MinValueValidator(MIN_PRIORITY), MaxValueValidator(MAX_PRIORITY)]
+    )
     # Reservations so far; bumped by every reserve and never reset.
-    attempts = models.PositiveIntegerField(default=0)
+    attempts = models.IntegerField(default=0, validators=NOT_NEGATIVE)
     # Reservations given back without spending a try: claimed but never started
     # (a stopping worker), or ended by the loss of the database connection, not
     # by the job. The tries checks count ``attempts - given_back``.
-    given_back = models.PositiveIntegerField(default=0, db_default=0)
+    given_back = models.IntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
     # A request to cancel the job while a worker holds it (``Job.objects.cancel``):
     # NO_CANCEL, CANCEL (the job stops when it next checks) or CANCEL_HARD (the
     # worker stops it as at a timeout). A job nobody holds is cancelled at once.
-    cancel = models.PositiveSmallIntegerField(default=0, db_default=0)
+    cancel = models.SmallIntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
     # Attempts that ended in an exception and were released (for ``max_exceptions``).
-    exceptions = models.PositiveIntegerField(default=0, db_default=0)
+    exceptions = models.IntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
     # None: the worker's --tries (or DBQUEUE["TRIES"]) applies.
-    max_tries = models.PositiveSmallIntegerField(null=True, blank=True)
+    max_tries = models.SmallIntegerField(null=True, blank=True, validators=NOT_NEGATIVE)
     # Stored per row so any worker can tell when a reservation has expired.
-    retry_after = models.PositiveIntegerField()
+    retry_after = models.IntegerField(validators=NOT_NEGATIVE)
     # Seconds one run may take; None: the worker's --timeout applies.
-    timeout = models.PositiveIntegerField(null=True, blank=True)
+    timeout = models.IntegerField(null=True, blank=True, validators=NOT_NEGATIVE)
     available_at = models.DateTimeField()
     reserved_at = models.DateTimeField(null=True, blank=True)
     # Id of the worker process holding the reservation, so a supervisor can
@@ -761,7 +772,7 @@ class Job(models.Model):
     unique_until_start = models.BooleanField(default=False, db_default=False)
     # At most concurrency_limit reserved rows share a concurrency_key (concurrency.py).
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
-    concurrency_limit = models.PositiveSmallIntegerField(null=True, blank=True)
+    concurrency_limit = models.SmallIntegerField(null=True, blank=True, validators=NOT_NEGATIVE)
     # Waiting for a free slot of its concurrency key: claims skip it until a
     # reservation of that key ends and unblocks it.
     blocked = models.BooleanField(default=False, db_default=False)
@@ -791,12 +802,6 @@ class Job(models.Model):
         # reclaim and the lookups of reserved rows, partial (reserved_at IS NOT
         # NULL) on PostgreSQL and SQLite; the flow-control and batch columns have
         # partial indexes of their own (0008, 0009).
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(priority__gte=-100, priority__lte=100),
-                name="dbqueue_job_priority_range",
-            ),
-        ]
         permissions = [("cancel_job", "Can cancel jobs, waiting or running")]
 
     def __str__(self) -> str:

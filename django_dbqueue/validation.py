@@ -16,11 +16,11 @@ from typing import Any
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 # The ``queue`` columns are varchar(100).
 QUEUE_NAME_MAX_LENGTH = 100
-# ``max_tries`` is a PositiveSmallIntegerField.
+# ``max_tries`` is a SmallIntegerField.
 MAX_TRIES = 32767
-# ``retry_after`` and ``timeout`` are PositiveIntegerFields (seconds; 2**31 - 1 on every database).
+# ``retry_after`` and ``timeout`` are IntegerFields (seconds; 2**31 - 1 on every database).
 MAX_SECONDS = 2**31 - 1
-# ``priority`` has a check constraint.
+# ``priority``: Django's Tasks framework's range.
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 

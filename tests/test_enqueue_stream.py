@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.core.exceptions import ValidationError
+from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import JobCall, enqueue_many, signals
@@ -299,6 +300,36 @@ def test_a_new_job_writes_no_entry_in_the_index_of_reserved_rows():
         return
     assert "WHERE reserved_at IS NOT NULL" in indexes["dbqueue_job_reserved"].replace("(", "").replace(")", "")
     assert ("dbqueue_job_claim" in indexes) == (connection.vendor == "sqlite")
+
+
+@pytest.mark.django_db
+def test_the_bounds_of_a_job_row_are_its_validators_and_on_postgresql_no_check_constraint():
+    # Migration 0013: PostgreSQL compiled every CHECK again in each statement that
+    # writes a row (a quarter of an enqueue's work), so there the table has none and
+    # the enqueue function has no parameter defaults; the model's validators keep
+    # the bounds, and MariaDB, MySQL and SQLite keep their checks (and MySQL its
+    # unsigned columns, whose refusal is a DataError).
+    row = Job(name="x", payload="{}", priority=101, attempts=-1, retry_after=-1, created_at=dt.datetime.now(dt.UTC))
+    row.available_at = row.created_at
+    with pytest.raises(ValidationError) as refused:
+        row.full_clean()
+    assert set(refused.value.error_dict) == {"priority", "attempts", "retry_after"}
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT conname FROM pg_constraint WHERE conrelid = 'dbqueue_job'::regclass AND contype = 'c'"
+            )
+            assert cursor.fetchall() == []
+            cursor.execute("SELECT pronargs, pronargdefaults FROM pg_proc WHERE proname = 'dbqueue_enqueue'")
+            assert sorted(cursor.fetchall()) == [(8, 0), (15, 0)]
+    else:
+        row.priority, row.retry_after = 0, 60
+        with pytest.raises((IntegrityError, DataError)), transaction.atomic():
+            row.save()
+        row.attempts, row.priority = 0, 101
+        with pytest.raises((IntegrityError, DataError)), transaction.atomic():
+            row.save()
+    assert not Job.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -166,8 +166,9 @@ def test_a_duplicate_that_finds_its_holder_gone_is_enqueued(monkeypatch):
 
 
 def test_other_integrity_errors_still_raise():
-    # A priority the check constraint refuses (the decorator's validation is bypassed).
-    new = NewJob("default", "tests.testapp.jobs.record", '{"v":1,"args":[],"kwargs":{}}', 500, None, 60, None, 0.0)
+    # A row the database refuses for another reason than the key: no retry_after (NOT
+    # NULL; the enqueue's own checks are bypassed).
+    new = NewJob("default", "tests.testapp.jobs.record", '{"v":1,"args":[],"kwargs":{}}', 0, None, None, None, 0.0)  # type: ignore[arg-type]
     with pytest.raises(IntegrityError):
         bulk.insert_one(new._replace(flow=Flow(unique_key="k")))
     with pytest.raises(IntegrityError):
