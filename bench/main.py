@@ -68,6 +68,7 @@ class Config:
     profile_jobs: int = 3000  # BENCH_PROFILE_JOBS
     batch: int = 50  # BENCH_BATCH: extra queue_work --batch N drains of django-dbqueue (0: none; the default is 10)
     alternating_rounds: int = 5  # BENCH_ALTERNATING_ROUNDS: enqueue rounds alternating with pgqueuer (0: none)
+    instructions: int = 1  # BENCH_INSTRUCTIONS: count a single enqueue's instructions with callgrind (0: no)
 
     @classmethod
     def from_env(cls, quick: bool) -> Config:
@@ -99,6 +100,7 @@ class Config:
             profile_jobs=env_int("BENCH_PROFILE_JOBS", base.profile_jobs),
             batch=env_int("BENCH_BATCH", base.batch),
             alternating_rounds=env_int("BENCH_ALTERNATING_ROUNDS", base.alternating_rounds),
+            instructions=env_int("BENCH_INSTRUCTIONS", base.instructions),
         )
 
     @classmethod
@@ -107,6 +109,7 @@ class Config:
             enqueue_one=200,
             enqueue_bulk=5000,
             alternating_rounds=1,
+            instructions=0,
             enqueue_stream=20_000,
             drain_seconds=1.5,
             drain_min=200,
@@ -660,6 +663,26 @@ class Bench:
         if len(pair) == 2 and c.alternating_rounds > 0:
             print(f"\n== enqueue, django-dbqueue and pgqueuer alternating ({c.alternating_rounds} rounds)", flush=True)
             self.alternating(pair)
+        if len(pair) == 2 and c.instructions:
+            print("\n== single enqueue, instructions per call (callgrind), django-dbqueue and pgqueuer", flush=True)
+            self.instructions(pair)
+
+    def instructions(self, pair: list[System]) -> None:
+        """Both sides' CPU instructions of a single enqueue (bench/pg_instructions.py).
+
+        The wall-clock rounds above swing by 10 % and more on this VM; the counts
+        of callgrind repeat to a few instructions in a hundred thousand.
+        """
+        command = [sys.executable, str(ROOT / "bench" / "pg_instructions.py"), "--tree", f"dbqueue={ROOT}"]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            self.note(f"instructions per single enqueue: {(done.stderr or done.stdout).strip()[-500:]}")
+            return
+        print(done.stdout.rsplit("\n{", 1)[0], flush=True)
+        figures = json.loads(done.stdout.strip().splitlines()[-1])["figures"]
+        for system in pair:
+            if system.key in figures:
+                self.record(system, "enqueue_one_instructions", figures[system.key])
 
     def alternating(self, pair: list[System]) -> None:
         """Single and bulk enqueue of the pair, one after the other, round after round.
@@ -922,6 +945,9 @@ def table_rows(results: dict[str, dict[str, Any]], config: Config) -> list[dict[
     rounds = config.alternating_rounds
     add(f"enqueue one at a time, {rounds} rounds alternating", "jobs/s", True, "enqueue_one_alternating", "jobs_per_s")
     add(f"enqueue bulk, {rounds} rounds alternating", "jobs/s", True, "enqueue_bulk_alternating", "jobs_per_s")
+    add("enqueue one at a time: CPU instructions per call", "instr.", False, "enqueue_one_instructions", "total")
+    add("  of which the database server's", "instr.", False, "enqueue_one_instructions", "server")
+    add("  of which the enqueueing process's", "instr.", False, "enqueue_one_instructions", "client")
     add("enqueue bulk, handles=False (count only)", "jobs/s", True, "enqueue_bulk_count", "jobs_per_s")
     add(f"stream of {config.enqueue_stream:,} calls, handles=False", "jobs/s", True, "enqueue_stream", "jobs_per_s")
     add("  its peak memory growth", "MB", False, "enqueue_stream", "rss_growth_mb")
@@ -1134,6 +1160,18 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ratio_goal("bulk enqueue vs pgqueuer (issue 18)", alternating("enqueue_bulk"), "pgqueuer", 1.5),
         ratio_goal("single enqueue vs pgqueuer (issue 18)", alternating("enqueue_one"), "pgqueuer", 1.0),
     ]
+    ours, theirs = (
+        value("dbqueue", "enqueue_one_instructions", "total"),
+        value("pgqueuer", "enqueue_one_instructions", "total"),
+    )
+    out.append(
+        {
+            "goal": "single enqueue vs pgqueuer, CPU instructions per call, both sides (issue 18)",
+            "target": ">= 1.0x fewer",
+            "measured": theirs / ours if ours and theirs else None,
+            "met": None if not (ours and theirs) else theirs >= ours,
+        }
+    )
     for key, limit in (("p50_ms", 5.0), ("p95_ms", 20.0)):
         measured = value("dbqueue", "latency", key)
         out.append(
