@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connection, connections, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import JobCall, enqueue_many, signals
 from django_dbqueue.models import Job
 from tests.conftest import listening
-from tests.testapp import jobs
+from tests.testapp import jobs, limit_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 MILLION = 1_000_000
@@ -46,7 +47,7 @@ import django
 django.setup()
 from django.db import transaction
 from django_dbqueue import enqueue_many
-from tests.testapp import jobs
+from tests.testapp import jobs, limit_jobs
 
 def status(field):
     return int(re.search(field + r":\s+(\d+) kB", open("/proc/self/status").read())[1]) / 1024
@@ -315,13 +316,7 @@ def test_the_bounds_of_a_job_row_are_its_validators_and_on_postgresql_no_check_c
         row.full_clean()
     assert set(refused.value.error_dict) == {"priority", "attempts", "retry_after"}
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT conname FROM pg_constraint WHERE conrelid = 'dbqueue_job'::regclass AND contype = 'c'"
-            )
-            assert cursor.fetchall() == []
-            cursor.execute("SELECT pronargs, pronargdefaults FROM pg_proc WHERE proname = 'dbqueue_enqueue'")
-            assert sorted(cursor.fetchall()) == [(8, 0), (15, 0)]
+        assert _checks_and_functions() == (0, [(8, 0), (15, 0)])
     else:
         row.priority, row.retry_after = 0, 60
         with pytest.raises((IntegrityError, DataError)), transaction.atomic():
@@ -330,6 +325,37 @@ def test_the_bounds_of_a_job_row_are_its_validators_and_on_postgresql_no_check_c
         with pytest.raises((IntegrityError, DataError)), transaction.atomic():
             row.save()
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0013_goes_back_to_the_checks_and_the_function_with_defaults_and_forward_again():
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("django_dbqueue")
+    try:
+        executor.migrate([("django_dbqueue", "0012_enqueue_indexes")])
+        if connection.vendor == "postgresql":
+            assert _checks_and_functions() == (9, [(15, 7)])
+        jobs.add.enqueue(1, 2)
+        executor = MigrationExecutor(connection)
+        executor.migrate(latest)
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+    if connection.vendor == "postgresql":
+        assert _checks_and_functions() == (0, [(8, 0), (15, 0)])
+    # A row stored before stays; both functions store rows (a plain job; one with a
+    # concurrency key, whose claim is counted per key).
+    jobs.add.enqueue(3, 4)
+    limit_jobs.keyed.enqueue("k", 1)
+    assert list(Job.objects.order_by("id").values_list("concurrency_key", flat=True)) == [None, None, "k"]
+
+
+def _checks_and_functions() -> tuple[int, list[tuple[int, int]]]:
+    """The job table's CHECK constraints, and each dbqueue_enqueue's (parameters, defaults)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'dbqueue_job'::regclass AND contype = 'c'")
+        (checks,) = cursor.fetchone()
+        cursor.execute("SELECT pronargs, pronargdefaults FROM pg_proc WHERE proname = 'dbqueue_enqueue'")
+        return checks, sorted(cursor.fetchall())
 
 
 @pytest.mark.django_db(transaction=True)
