@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PGQUEUER = ROOT / "bench" / ".venvs" / "pgqueuer" / "bin" / "python"
@@ -81,28 +82,13 @@ def start_cluster(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     if OS_USER:
         shutil.chown(tmp, OS_USER, OS_USER)
     initdb = [str(PGBIN / "initdb"), "-D", str(tmp / "data"), "-A", "trust", "-U", "postgres", "-E", "UTF8"]
-    subprocess.run(
-        [*initdb, "--locale=C", "--no-sync"],
-        cwd=tmp,
-        check=True,
-        capture_output=True,
-        user=OS_USER,
-        group=OS_USER,
-        extra_groups=GROUPS,
-    )
+    as_postgres: dict[str, Any] = {"user": OS_USER, "group": OS_USER, "extra_groups": GROUPS}
+    subprocess.run([*initdb, "--locale=C", "--no-sync"], cwd=tmp, check=True, capture_output=True, **as_postgres)
     valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.%p"]
     server = [str(PGBIN / "postgres"), "-D", str(tmp / "data"), "-p", str(port), "-k", str(tmp)]
     settings = ["-c", "listen_addresses=127.0.0.1", "-c", "autovacuum=off"]
     with open(tmp / "server.log", "wb") as log:
-        postmaster = subprocess.Popen(
-            [*valgrind, *server, *settings],
-            cwd=tmp,
-            stdout=log,
-            stderr=log,
-            user=OS_USER,
-            group=OS_USER,
-            extra_groups=GROUPS,
-        )
+        postmaster = subprocess.Popen([*valgrind, *server, *settings], cwd=tmp, stdout=log, stderr=log, **as_postgres)
     import psycopg
 
     deadline = time.monotonic() + 180
