@@ -91,6 +91,9 @@ def test_a_host_cut_off_longer_than_the_lease_loses_its_job_to_the_other_host_an
         resumed = time.monotonic() - healed_at
         assert cut_off.process.poll() is None, "the cut-off worker exited"
         wait_until(lambda: "reservation lost" in cut_off.output(), 20, cut_off.output())
+        # A worker deletes the jobs it ran with its next claim: let that statement
+        # through before the hosts' network goes away.
+        wait_until(lambda: not Job.objects.exists(), 20, f"{cut_off.output()}\n{other.output()}")
 
     output = cut_off.output()
     # Its late outcome was refused by the compare-and-set: the job ran on both hosts and
