@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 # A key's FlowLimit row.
 PREFIX = "concurrency:"
-# Largest concurrency_limit (a PositiveSmallIntegerField).
+# Largest concurrency_limit (a SmallIntegerField).
 MAX_LIMIT = 32767
 # Rows changed per statement when blocking the rows of saturated keys.
 CHUNK = 500
