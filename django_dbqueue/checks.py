@@ -427,7 +427,8 @@ def check_metrics_extra(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     """The metrics view, once mounted, needs the ``prometheus`` extra."""
     from .metrics import prometheus_installed
 
-    if prometheus_installed():
+    # Settings without ROOT_URLCONF (a worker-only settings module) mount no view.
+    if prometheus_installed() or not getattr(settings, "ROOT_URLCONF", None):
         return []
     try:
         reverse("dbqueue_metrics:metrics")

@@ -1,7 +1,13 @@
 """System checks: each one, and that they are registered."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from django.core import checks
+from django.db import connection
 from django.test import override_settings
 
 from django_dbqueue import conf, job, registry
@@ -13,6 +19,7 @@ from django_dbqueue.checks import (
     check_worker,
     check_worker_queues,
 )
+from tests.conftest import ROOT
 
 
 def ids(messages):
@@ -164,3 +171,54 @@ def test_a_worker_serving_a_queue_not_in_queues_is_warned():
 
 def test_a_worker_may_serve_any_queue_without_queues():
     assert check_worker_queues(["anything"]) == []
+
+
+# Every check of the package, run in a process of its own against settings with
+# only INSTALLED_APPS, DATABASES and SECRET_KEY (a worker-only settings module has
+# no ROOT_URLCONF, TEMPLATES or MIDDLEWARE). ``block`` hides prometheus_client.
+MINIMAL_RUN = """
+import json, sys
+if sys.argv[1] == "block":
+    sys.modules["prometheus_client"] = None
+import django
+django.setup()
+from django.core.checks.registry import registry
+from django.core.management import call_command
+ran = {}
+for check in sorted(registry.registered_checks | registry.deployment_checks, key=lambda c: c.__name__):
+    if check.__module__.startswith("django_dbqueue."):
+        ran[check.__name__] = [message.id for message in check(app_configs=None, databases=["default"])]
+call_command("check", databases=["default"])
+print(json.dumps(ran))
+"""
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("prometheus", ["installed", "block"])
+def test_every_check_reports_and_never_raises_with_minimal_settings(tmp_path, prometheus):
+    database = {
+        key: value
+        for key, value in connection.settings_dict.items()
+        if key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")
+    }
+    if connection.vendor == "sqlite":
+        # A file of its own: this test's transaction may hold the test database's lock.
+        database = {"ENGINE": database["ENGINE"], "NAME": str(tmp_path / "minimal.sqlite3")}
+    (tmp_path / "minimal_settings.py").write_text(
+        f'INSTALLED_APPS = ["django_dbqueue"]\nDATABASES = {{"default": {database!r}}}\nSECRET_KEY = "x" * 50\n'
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "DBQUEUE_", "PYTHON"))}
+    env.update(DJANGO_SETTINGS_MODULE="minimal_settings", PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    result = subprocess.run(
+        [sys.executable, "-c", MINIMAL_RUN, prometheus],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    ran = json.loads(result.stdout.splitlines()[-1])
+    # Every check of checks.py that Django runs, each reporting nothing for these settings.
+    assert {"check_settings", "check_timeouts", "check_database", "check_metrics_extra"} <= set(ran)
+    assert all(messages == [] for messages in ran.values()), ran
