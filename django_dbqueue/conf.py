@@ -38,8 +38,9 @@ DEFAULTS: dict[str, Any] = {
     # Keep every job's return value and errors in the result store (a job's
     # ``@job(results=...)`` overrides it); pruned after RESULT_MAX_AGE hours.
     "RESULTS": False,
-    # Seconds a progress token (``progress.progress_token``) stays valid.
-    "PROGRESS_TOKEN_MAX_AGE": 86400,
+    # Seconds a progress token (``progress.progress_token``) stays valid: an
+    # hour, as long as a page polls one job; a page loaded again gets a new one.
+    "PROGRESS_TOKEN_MAX_AGE": 3600,
     # Serve the last line of a failed job's error in the progress view. Off:
     # error text often carries personal data or secrets.
     "PROGRESS_SHOW_ERROR": False,

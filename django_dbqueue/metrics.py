@@ -60,8 +60,11 @@ def _text(body: str, status: int) -> HttpResponse:
     return response
 
 
-def _sent_token(request: HttpRequest) -> str | None:
-    """The token of an ``Authorization: Bearer`` header, else of ``?token=``; None if neither."""
+def sent_token(request: HttpRequest) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, else of ``?token=``; None if neither.
+
+    The header is the way to prefer: a query string is written to access logs.
+    """
     authorization = request.headers.get("Authorization", "")
     scheme, _, credentials = authorization.partition(" ")
     if scheme.lower() == "bearer" and credentials.strip():
@@ -76,7 +79,7 @@ def refusal(request: HttpRequest) -> tuple[int, str] | None:
     wrong token is refused even for a logged-in user, so a typo in a scrape
     config shows at once instead of working only in a browser.
     """
-    token = _sent_token(request)
+    token = sent_token(request)
     if token is not None:
         expected = conf.get("METRICS_TOKEN")
         if expected and hmac.compare_digest(token.encode(), str(expected).encode()):

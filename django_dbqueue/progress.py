@@ -212,7 +212,8 @@ def _batch_progress(key: str) -> dict[str, Any] | None:
     from .models import JobBatch
 
     batch_id = key.partition(":")[2]
-    row = JobBatch.objects.filter(pk=int(batch_id)).first() if batch_id.isdigit() else None
+    # ASCII digits only: str.isdigit also takes "²", which int() refuses.
+    row = JobBatch.objects.filter(pk=int(batch_id)).first() if batch_id.isascii() and batch_id.isdigit() else None
     if row is None:
         return None
     finished = row.finished_at is not None

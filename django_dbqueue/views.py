@@ -3,7 +3,9 @@
 Job ids are sequential, so the view never serves progress to anyone who asks:
 the caller needs the ``django_dbqueue.view_jobprogress`` permission (the
 ``JobProgress`` model's view permission), or a progress token for that one key
-(``django_dbqueue.progress_token``) in the ``token`` query parameter.
+(``django_dbqueue.progress_token``), sent as ``Authorization: Bearer <token>``
+or, where no header can be set, in the ``token`` query parameter (which access
+logs keep: the header is the one to prefer).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from django.core import signing
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from .metrics import sent_token
 from .progress import get_progress, key_from_token, shown_error
 
 PERMISSION = "django_dbqueue.view_jobprogress"
@@ -31,7 +34,7 @@ def _refusal(request: HttpRequest, key: str) -> JsonResponse | None:
     user = getattr(request, "user", None)
     if user is not None and user.has_perm(PERMISSION):
         return None
-    token = request.GET.get("token")
+    token = sent_token(request)
     if token is not None:
         try:
             token_key = key_from_token(token)
@@ -43,7 +46,10 @@ def _refusal(request: HttpRequest, key: str) -> JsonResponse | None:
             return _json({"detail": "the progress token is for another key"}, status=403)
         return None
     if user is None or not user.is_authenticated:
-        return _json({"detail": "log in, or pass a progress token as ?token="}, status=401)
+        return _json(
+            {"detail": "log in, or send a progress token as 'Authorization: Bearer <token>' (or ?token=)"},
+            status=401,
+        )
     return _json({"detail": f"the {PERMISSION} permission is required"}, status=403)
 
 
@@ -58,7 +64,8 @@ def progress_view(request: HttpRequest, key: str) -> JsonResponse:
     refusal = _refusal(request, key)
     if refusal is not None:
         return refusal
-    progress = get_progress(key)
+    # No key holds NUL, and PostgreSQL refuses it in a query's text.
+    progress = None if "\x00" in key else get_progress(key)
     if progress is None:
         return _json({"key": key, "detail": "no progress is stored under this key"}, status=404)
     progress["error"] = shown_error(progress["error"])

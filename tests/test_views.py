@@ -114,11 +114,12 @@ def test_a_tampered_token_is_refused(stored):
 
 def test_an_expired_token_is_refused_and_its_age_limit_is_a_setting(stored, monkeypatch):
     token = old_token("17", 120, monkeypatch)
-    assert Client().get(url("17", token)).status_code == 200  # default: 86400 s
+    assert Client().get(url("17", token)).status_code == 200  # default: 3600 s
     with override_settings(DBQUEUE={"PROGRESS_TOKEN_MAX_AGE": 60}):
         response = Client().get(url("17", token))
     assert response.status_code == 403 and response.json()["detail"] == "the progress token has expired"
-    assert Client().get(url("17", old_token("17", 86400 + 60, monkeypatch))).status_code == 403
+    assert Client().get(url("17", old_token("17", 3600 - 60, monkeypatch))).status_code == 200
+    assert Client().get(url("17", old_token("17", 3600 + 60, monkeypatch))).status_code == 403
 
 
 def test_the_error_text_is_hidden_by_default(stored):
@@ -137,3 +138,31 @@ def test_the_setting_shows_only_the_errors_last_line(stored):
 def test_the_view_answers_only_get(stored):
     client = user_client("view_jobprogress")
     assert client.post(url("17")).status_code == 405
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "batch:²",  # a digit to str.isdigit, not to int()
+        "batch:١٢",  # Arabic-Indic digits: int() reads them, but no batch is named so
+        "batch:" + "9" * 30,  # past every integer column
+        "batch:-1",
+        "batch:",
+        "17\x00",  # PostgreSQL refuses NUL in a text value
+        "k" * 300,  # longer than the key column
+    ],
+)
+def test_a_key_that_names_nothing_is_404_not_a_server_error(stored, key):
+    response = user_client("view_jobprogress").get(url(key))
+    assert response.status_code == 404 and response.json()["detail"] == "no progress is stored under this key"
+
+
+def test_a_token_in_the_authorization_header_serves_its_key_and_no_other(stored):
+    header = {"HTTP_AUTHORIZATION": f"Bearer {progress_token('17')}"}
+    response = Client().get(url("17"), **header)
+    assert response.status_code == 200 and response.json()["stage"] == "charging"
+    assert Client().get(url("18"), **header).status_code == 403
+    forged = {"HTTP_AUTHORIZATION": "Bearer garbage"}
+    assert Client().get(url("17"), **forged).json()["detail"] == "the progress token is not valid"
+    # The header wins over the query string, which access logs keep.
+    assert Client().get(url("18", progress_token("18")), **header).status_code == 403

@@ -14,9 +14,14 @@ from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "django-insecure-example-project-only")
+# For a laptop: DEBUG on and a SECRET_KEY everyone knows, served to localhost only.
+# Anywhere else set DJANGO_DEBUG=0, DJANGO_SECRET_KEY (python -c "import secrets;
+# print(secrets.token_urlsafe(50))") and DJANGO_ALLOWED_HOSTS; with DEBUG off and the
+# key below, the demo app's check demo.E001 stops every command (demo/checks.py).
+INSECURE_SECRET_KEY = "django-insecure-example-project-only"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or INSECURE_SECRET_KEY
 DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
