@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.models import F
 
-from .db import DbNow, alias, read_back
+from .db import DbNow, alias, error_text, read_back
 from .models import FailedJob, Job, JobBatch
 
 if TYPE_CHECKING:
@@ -451,7 +451,7 @@ def _enqueue_callbacks(using: str, row: JobBatch, kinds: Sequence[str]) -> None:
     try:
         steps = json.loads(row.callbacks)
     except ValueError as exc:
-        logger.error("batch id=%s has unreadable callbacks, none enqueued: %s", row.pk, exc)
+        logger.error("batch id=%s has unreadable callbacks, none enqueued: %s", row.pk, error_text(exc))
         return
     rows = [
         build_row(step, check=False, batch_of=row.pk)

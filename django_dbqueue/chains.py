@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import conf, payload, tracing, unique, validation
 from .bulk import Flow, NewJob
+from .db import error_text
 from .exceptions import PayloadError, UnknownQueue
 from .models import Job
 from .registry import JobCall, JobDefinition, store
@@ -237,7 +238,7 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
         return _build_follow_ups(job, data, succeeded=succeeded)
     except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
         # The job itself ran; a malformed follow-up must not undo that.
-        logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)
+        logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, error_text(exc))
         return []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,57 @@ def caused_by_lost_connection(exc: BaseException, using: str | None = None) -> b
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False
+
+
+# MySQL/MariaDB messages that quote a value of the statement: a duplicate entry,
+# an incorrect value (integer, datetime, double, date), the text near a syntax
+# error (the driver formats the parameters into the SQL).
+_MYSQL_DUPLICATE = re.compile(r"^Duplicate entry '.*' for key '([^']*)'$", re.DOTALL)
+MYSQL_QUOTING_VALUES = frozenset({1062, 1064, 1292, 1366, 1367, 1411, 1525})
+
+
+def error_text(exc: BaseException) -> str:
+    """Return what may be logged of a database error: its class, code and primary message.
+
+    Never the driver's whole text: PostgreSQL's DETAIL (``Failing row
+    contains (...)``, ``Key (key)=(...) already exists``) quotes the row, that
+    is a job's arguments. PostgreSQL: the SQLSTATE and the primary message,
+    cut before the quoted input for a data exception (class 22: ``invalid input
+    syntax for type integer: "..."``); an error of the client (no SQLSTATE: a
+    lost connection), the first line of its message. MySQL/MariaDB: the error
+    code and the message, cut before the value for the codes that quote one
+    (``MYSQL_QUOTING_VALUES``), the key's name kept for a duplicate entry.
+    SQLite: the error's name and message, which quote no values. Anything
+    else: the exception's class alone.
+    """
+    name = type(exc).__name__
+    driver = exc.__cause__ if exc.__cause__ is not None else exc
+    diag = getattr(driver, "diag", None)
+    if diag is not None:
+        sqlstate = getattr(driver, "sqlstate", None) or getattr(driver, "pgcode", None)
+        primary = getattr(diag, "message_primary", None)
+        if isinstance(sqlstate, str) and isinstance(primary, str):
+            if sqlstate.startswith("22"):
+                primary = primary.split(":", 1)[0]
+            return f"{name} sqlstate={sqlstate}: {primary}"
+        if sqlstate is None:
+            lines = str(driver).strip().splitlines()
+            return f"{name}: {lines[0]}" if lines else name
+        return name
+    args = driver.args
+    sqlite_name = getattr(driver, "sqlite_errorname", None)
+    if isinstance(sqlite_name, str):
+        return f"{name} code={sqlite_name}: {args[0]}" if args and isinstance(args[0], str) else name
+    is_mysql = type(driver).__module__.startswith("MySQLdb") or isinstance(exc, DatabaseError)
+    if is_mysql and len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
+        code, message = args
+        if code == 1062:
+            match = _MYSQL_DUPLICATE.match(message)
+            message = f"Duplicate entry '...' for key '{match[1]}'" if match else "Duplicate entry"
+        elif code in MYSQL_QUOTING_VALUES:
+            message = message.split("'", 1)[0].rstrip(" :")
+        return f"{name} code={code}: {message}"
+    return name
 
 
 def drop_connection(using: str | None = None) -> None:

@@ -24,7 +24,7 @@ from types import TracebackType
 from django.db import DatabaseError
 
 from . import workers
-from .db import drop_connection
+from .db import drop_connection, error_text
 from .history import Recorder
 from .models import Job
 
@@ -260,7 +260,7 @@ class Heartbeat:
                 if self.recorder is not None:
                     self.recorder.flush()
             except DatabaseError as exc:
-                logger.warning("worker row or history not written worker_id=%s: %s", self.worker_id, exc)
+                logger.warning("worker row or history not written worker_id=%s: %s", self.worker_id, error_text(exc))
                 drop_connection()
         if self._cancel_due is not None and self._cancel_due <= time.monotonic():
             self._poll_cancel()
@@ -272,7 +272,11 @@ class Heartbeat:
             extended = Job.objects.extend_many(jobs, worker_id=self.worker_id)
         except DatabaseError as exc:
             logger.warning(
-                "heartbeat failed worker_id=%s jobs=%s retry_in=%ss: %s", self.worker_id, len(jobs), ERROR_RETRY, exc
+                "heartbeat failed worker_id=%s jobs=%s retry_in=%ss: %s",
+                self.worker_id,
+                len(jobs),
+                ERROR_RETRY,
+                error_text(exc),
             )
             drop_connection()
             self._retry_soon(jobs)
@@ -309,7 +313,7 @@ class Heartbeat:
         try:
             levels = Job.objects.cancel_requests(jobs)
         except DatabaseError as exc:
-            logger.warning("cancel requests not read worker_id=%s: %s", self.worker_id, exc)
+            logger.warning("cancel requests not read worker_id=%s: %s", self.worker_id, error_text(exc))
             drop_connection()
             return
         for job in jobs:

@@ -21,7 +21,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from . import conf
-from .db import alias, drop_connection
+from .db import alias, drop_connection, error_text
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -65,7 +65,7 @@ class Listener:
                 self._listening_on = raw
             return int(raw.pgconn.socket)
         except (DatabaseError, AttributeError, OSError) as exc:
-            logger.debug("cannot listen for new jobs: %s", exc)
+            logger.debug("cannot listen for new jobs: %s", error_text(exc))
             self._forget()
             return None
 
@@ -81,7 +81,7 @@ class Listener:
             while (notification := raw.pgconn.notifies()) is not None:
                 queues.append(notification.extra.decode(errors="replace"))
         except Exception as exc:  # noqa: BLE001 - a broken socket: the next reserve reconnects
-            logger.debug("reading notifications failed: %s", exc)
+            logger.debug("reading notifications failed: %s", error_text(exc))
             self._forget()
         if queues:
             from .claims import forget_paused

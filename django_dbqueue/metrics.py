@@ -32,6 +32,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
 from . import conf, history, operations, workers
+from .db import error_text
 from .models import JobHistory, QueueWorker
 from .operations import QueueStats
 
@@ -315,7 +316,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     try:
         figures = snapshot()
     except DatabaseError as exc:
-        logger.warning("metrics not read: %s", exc)
+        logger.warning("metrics not read: %s", error_text(exc))
         return _text(f"the queue's database cannot be read: {type(exc).__name__}\n", 503)
     body, content_type = render(figures, request.headers.get("Accept", ""))
     response = HttpResponse(body, content_type=content_type)

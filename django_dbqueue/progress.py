@@ -22,7 +22,7 @@ from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 
 from . import conf
-from .db import DbNow, alias
+from .db import DbNow, alias, error_text
 from .errors import clean
 from .models import JobProgress
 
@@ -168,7 +168,7 @@ def set_progress(
         query.insert_values([f for f in meta.concrete_fields if not f.primary_key], [row])
         query.get_compiler(connection=wrapper).execute_sql()
     except DatabaseError as exc:
-        logger.warning("progress not stored key=%s: %s", key, exc)
+        logger.warning("progress not stored key=%s: %s", key, error_text(exc))
         if shared is not None and shared.wrapper is not None:
             # Opened afresh by the next write.
             broken, shared.wrapper = shared.wrapper, None
@@ -318,7 +318,7 @@ class Tracker:
             try:
                 current = get_progress(self.key)
             except DatabaseError as exc:
-                logger.warning("progress not read key=%s: %s", self.key, exc)
+                logger.warning("progress not read key=%s: %s", self.key, error_text(exc))
                 current = None
             at = current["percent"] if current else 0
             set_progress(self.key, at, "failed", failed=True, error=_last_line(error))

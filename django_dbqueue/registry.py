@@ -631,7 +631,7 @@ def _store(
         except OperationalError as exc:
             if attempt == DEADLOCK_ATTEMPTS or not is_deadlock(exc, connection):
                 raise
-            logger.info("enqueue ran again after a deadlock attempt=%s error=%s", attempt, exc)
+            logger.info("enqueue ran again after a deadlock attempt=%s error=%s", attempt, db.error_text(exc))
             time.sleep(random.uniform(0, DEADLOCK_PAUSE * attempt))
     raise AssertionError("unreachable")
 

@@ -40,7 +40,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 
 from . import payload, registry
-from .db import DbNow, alias, claims_with_skip_locked, drop_connection
+from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text
 from .models import Job, ScheduleState
 
 logger = logging.getLogger("django_dbqueue")
@@ -688,7 +688,9 @@ class Ticker:
                     except DatabaseError as exc:
                         delay = ERROR_RETRY[min(errors, len(ERROR_RETRY) - 1)]
                         errors += 1
-                        logger.warning("ticker failed worker_id=%s retry_in=%ss: %s", self.worker_id, delay, exc)
+                        logger.warning(
+                            "ticker failed worker_id=%s retry_in=%ss: %s", self.worker_id, delay, error_text(exc)
+                        )
                         drop_connection()
                     except Exception:
                         # A bug or a job that cannot be enqueued must not end the ticking of the others.

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from django.db import DatabaseError, connections, transaction
 
 from . import payload, validation
-from .db import DbNow, alias, claims_with_skip_locked
+from .db import DbNow, alias, claims_with_skip_locked, error_text
 
 if TYPE_CHECKING:
     from .registry import JobDefinition
@@ -238,7 +238,7 @@ def _prune_quietly() -> None:
         count = prune_windows()
     except DatabaseError as exc:
         # Expired rows do no harm: the next enqueue of their key takes them over.
-        logger.warning("prune of unique windows failed: %s", exc)
+        logger.warning("prune of unique windows failed: %s", error_text(exc))
         return
     if count:
         logger.debug("pruned unique_windows=%s", count)

@@ -23,7 +23,7 @@ from django.db import DatabaseError, transaction
 
 from . import batches, chains, conf, handles, history, progress, registry, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim
-from .db import alias, caused_by_lost_connection, drop_connection, is_connection_error, watch_network
+from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, execute, outcome_of
 from .heartbeat import Heartbeat
@@ -474,7 +474,7 @@ class Worker:
             try:
                 count = prune(float(max_age))
             except DatabaseError as exc:
-                logger.warning("prune of %s failed: %s", what, exc)
+                logger.warning("prune of %s failed: %s", what, error_text(exc))
                 continue
             if count:
                 logger.info("pruned %s=%s older_than_hours=%s", what.replace(" ", "_"), count, max_age)
@@ -494,20 +494,20 @@ class Worker:
         try:
             self.history.flush()
         except DatabaseError as exc:
-            logger.warning("history not written worker_id=%s: %s", self.worker_id, exc)
+            logger.warning("history not written worker_id=%s: %s", self.worker_id, error_text(exc))
 
     def _register(self) -> None:
         try:
             workers.register(self.worker_id, self.options.queues, self._options_text(), self.stats)
         except DatabaseError as exc:
             # The heartbeat writes the row once the database answers.
-            logger.warning("worker row not written worker_id=%s: %s", self.worker_id, exc)
+            logger.warning("worker row not written worker_id=%s: %s", self.worker_id, error_text(exc))
 
     def _unregister(self) -> None:
         try:
             workers.unregister(self.worker_id)
         except DatabaseError as exc:
-            logger.warning("worker row not removed worker_id=%s: %s", self.worker_id, exc)
+            logger.warning("worker row not removed worker_id=%s: %s", self.worker_id, error_text(exc))
 
     def _read_restart_marker(self) -> datetime | None:
         try:
@@ -577,7 +577,10 @@ class Worker:
             Job.objects.release(job, give_back=True)
         except DatabaseError as exc:
             logger.warning(
-                "could not release job=%s id=%s: %s; it is reclaimed after retry_after", job.name, job.pk, exc
+                "could not release job=%s id=%s: %s; it is reclaimed after retry_after",
+                job.name,
+                job.pk,
+                error_text(exc),
             )
 
     def _release_prefetched(self) -> None:
@@ -629,7 +632,7 @@ class Worker:
             skipped = batches.skip_member(job)
         except DatabaseError as exc:
             # Run as usual: the member may see the cancel itself (context.batch).
-            logger.warning("cannot tell whether batch id=%s was cancelled: %s", job.batch_id, exc)
+            logger.warning("cannot tell whether batch id=%s was cancelled: %s", job.batch_id, error_text(exc))
             return False
         self.processed += 1
         self.heartbeat.drop(job)
@@ -960,7 +963,7 @@ class Worker:
             self.worker_id,
             lost,
             delay,
-            exc,
+            error_text(exc),
         )
         # Not cut short by a first stop signal: recording the current outcome is
         # part of finishing the current job.
