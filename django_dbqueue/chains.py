@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import conf, payload, tracing, unique, validation
 from .bulk import Flow, NewJob
-from .db import error_text
 from .exceptions import PayloadError, UnknownQueue
 from .models import Job
 from .registry import JobCall, JobDefinition, store
@@ -98,7 +97,7 @@ def new_job(
                 check_queue(name, queue)
                 checked.add((name, queue))
         payload.check_size(step["name"], text)
-    return NewJob(
+    new = NewJob(
         queue=step["queue"],
         name=step["name"],
         payload=text,
@@ -110,6 +109,12 @@ def new_job(
         flow=flow,
         batch_id=batch_id,
     )
+    # Always, ``check`` or not: a step read back from a stored envelope (a chain's
+    # next step, a callback) may hold what no enqueue would have let through.
+    error = validation.row_error({**new._asdict(), **(flow._asdict() if flow else {})})
+    if error is not None:
+        raise ValueError(f"Cannot enqueue {step['name']}: {error}")
+    return new
 
 
 def flow_of(step: dict[str, Any]) -> Flow | None:
@@ -117,6 +122,13 @@ def flow_of(step: dict[str, Any]) -> Flow | None:
     values = step.get("flow")
     if not values:
         return None
+    return flow_from(values)
+
+
+def flow_from(values: Any) -> Flow:
+    """The ``Flow`` a stored ``flow`` dict names; raise ValueError if it holds anything else."""
+    if not isinstance(values, dict) or not set(values) <= set(Flow._fields):
+        raise ValueError(f"a step's flow must be a dict of {', '.join(Flow._fields)}, not {values!r}")
     return Flow(**values)
 
 
@@ -238,7 +250,8 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
         return _build_follow_ups(job, data, succeeded=succeeded)
     except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
         # The job itself ran; a malformed follow-up must not undo that.
-        logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, error_text(exc))
+        # Not a database error (whose text could quote the row): a message of ours or of the JSON parser.
+        logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)
         return []
 
 

@@ -32,11 +32,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connections, transaction
 from django.db.models import Case, F, Value, When
 
-from . import concurrency, rates
-from .db import DbNow, bound_cursor, claims_with_skip_locked
+from . import concurrency, rates, validation
+from .db import DbNow, bound_cursor, caused_by_lost_connection, claims_with_skip_locked
 from .models import FlowLimit, Job, JobQuerySet, PausedQueue, sql_names
 
 logger = logging.getLogger("django_dbqueue")
@@ -79,7 +79,22 @@ def claim(using: str, queues: Sequence[str], limit: int, worker_id: str) -> list
     for queue in queues:
         if queue in skipped:
             continue
-        jobs = claim_queue(using, queue, limit, worker_id)
+        try:
+            jobs = claim_queue(using, queue, limit, worker_id)
+        except (IntegrityError, DataError) as exc:
+            if caused_by_lost_connection(exc, using):
+                raise
+            # The database refused to reserve a row (one written past its checks):
+            # those rows are moved aside and the others claimed one by one.
+            jobs = _claim_past_refusals(using, queue, limit, worker_id, exc)
+        except DatabaseError:
+            raise
+        except Exception:
+            # Not the database's refusal: something the claim could not read. The
+            # rows it can read are failed one by one (``_unreadable``); anything
+            # else ends this claim of the queue, never the worker.
+            logger.exception("claim failed queue=%s worker_id=%s; the other queues are claimed", queue, worker_id)
+            continue
         if jobs:
             return jobs
     return []
@@ -328,7 +343,16 @@ def _claim_cas(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
     """Claim by compare-and-set (SQLite: writers are serialised, no row locks)."""
     claimed = []
     for job in _candidates(using, queue, limit):
-        if _reserve_one(using, job, worker_id):
+        try:
+            reserved = _reserve_one(using, job, worker_id)
+        except (IntegrityError, DataError) as refused:
+            # Each row is its own statement here: the rows reserved before stay
+            # reserved, so this one is moved aside and the claim goes on.
+            Job.objects.db_manager(using).move_aside(
+                job, reason=f"its row cannot be claimed: the database refused to reserve it ({type(refused).__name__})"
+            )
+            continue
+        if reserved:
             claimed.append(job)
     return claimed
 
@@ -465,6 +489,9 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rat
     rows = list(candidates)
     if not rows:
         return [], 0
+    readable = _readable(using, rows)
+    moved = len(rows) - len(readable)
+    rows = readable
     slots = concurrency.Slots.lock(using, [row for row in rows if row.concurrency_key])
     buckets.lock(rows)
     admitted: list[Job] = []
@@ -490,7 +517,50 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rat
     # After the reservations: blocking takes the key's rows still waiting.
     concurrency.block(using, saturated)
     buckets.hold(held)
-    return admitted, len(saturated) + len(held)
+    # A row moved aside counts as held back: the next round reads the rows after it.
+    return admitted, len(saturated) + len(held) + moved
+
+
+def _claim_past_refusals(using: str, queue: str, limit: int, worker_id: str, exc: DatabaseError) -> list[Job]:
+    """Claim the next rows of ``queue`` one by one, each under a savepoint, after the
+    claim statement was refused: a row the database refuses to reserve, or whose
+    values are out of bounds, is moved aside with the refusal as its error."""
+    claimed: list[Job] = []
+    for row in _candidates(using, queue, limit):
+        error = validation.row_error(row.__dict__)
+        if error is None:
+            try:
+                with transaction.atomic(using=using):
+                    if _reserve_one(using, row, worker_id):
+                        claimed.append(row)
+                continue
+            except (IntegrityError, DataError) as refused:
+                if caused_by_lost_connection(refused, using):
+                    raise
+                error = f"the database refused to reserve it ({type(refused).__name__})"
+        Job.objects.db_manager(using).move_aside(row, reason=f"its row cannot be claimed: {error}")
+    logger.warning(
+        "claim refused queue=%s worker_id=%s error=%s; claimed=%s one by one",
+        queue,
+        worker_id,
+        type(exc).__name__,
+        len(claimed),
+    )
+    return plain_claimed(using, queue, claimed) if not uses_flow_claim(queue) else claimed
+
+
+def _readable(using: str, rows: list[Job]) -> list[Job]:
+    """The candidate rows whose flow values the claim can read; each other one is
+    moved to ``FailedJob`` unrun with its error (a rate limit or a concurrency
+    limit written past the checks), and the queue goes on."""
+    readable = []
+    for row in rows:
+        error = validation.row_error({"concurrency_limit": row.concurrency_limit, "rate_limit": row.rate_limit})
+        if error is None:
+            readable.append(row)
+        else:
+            Job.objects.db_manager(using).move_aside(row, reason=f"the claim cannot read its flow values: {error}")
+    return readable
 
 
 def _hint(seconds: float | None) -> None:

@@ -45,6 +45,11 @@ class WorkerLost(DbQueueError):
     """The worker process that held a job died."""
 
 
+class InvalidJobRow(DbQueueError):
+    """A job row holds a value the worker cannot act on (written by hand, by ``update()``
+    or raw SQL, or before the table's checks): it was moved to ``FailedJob`` unrun."""
+
+
 class FailedJobsNotFound(DbQueueError, LookupError):
     """Some of the failed job ids asked for do not exist."""
 

@@ -20,13 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import IntegrityError, connections, models, transaction
-from django.db.models import F, Q
-from django.db.models.functions import Greatest
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
+from django.db.models import Exists, F, Func, OuterRef, Q
+from django.db.models.functions import Greatest, Substr
 
 from . import conf
-from .db import DbNow, alias, bound_cursor, cached_sql, read_back
-from .validation import MAX_PRIORITY, MIN_PRIORITY
+from .db import DbNow, alias, bound_cursor, cached_sql, caused_by_lost_connection, read_back
+from .validation import MAX_PRIORITY, MIN_PRIORITY, NULLABLE_BOUNDS, ROW_BOUNDS, row_error
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -45,6 +45,37 @@ RECLAIMED_ERROR = (
 )
 
 
+class LeaseOver(Func):
+    """True where a reservation is older than its ``retry_after``, by the database's clock.
+
+    Compared in SQL, so finding the expired reservations reads no row that has
+    not expired (``reserved_at + retry_after`` against the clock, per database).
+    """
+
+    conditional = True
+    output_field = models.BooleanField()
+
+    def __init__(self) -> None:
+        super().__init__(F("reserved_at"), F("retry_after"))
+
+    def _columns(self, compiler: Any, connection: Any) -> tuple[str, str, list[Any]]:
+        at, at_params = compiler.compile(self.source_expressions[0])
+        after, after_params = compiler.compile(self.source_expressions[1])
+        return at, after, [*at_params, *after_params]
+
+    def as_sql(self, compiler: Any, connection: Any, *args: Any, **extra_context: Any) -> Any:  # SQLite
+        at, after, params = self._columns(compiler, connection)
+        return f"(julianday({at}) + {after} / 86400.0 <= julianday('now'))", params
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        at, after, params = self._columns(compiler, connection)
+        return f"({at} + {after} * interval '1 second' <= STATEMENT_TIMESTAMP())", params
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        at, after, params = self._columns(compiler, connection)
+        return f"(TIMESTAMPADD(SECOND, {after}, {at}) <= UTC_TIMESTAMP(6))", params
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def waiting(self) -> JobQuerySet:
         """Jobs a worker may reserve now (unless their queue is paused)."""
@@ -61,6 +92,10 @@ class JobQuerySet(models.QuerySet["Job"]):
     def reserved(self) -> JobQuerySet:
         """Jobs a worker holds."""
         return self.filter(reserved_at__isnull=False)
+
+    def expired(self) -> JobQuerySet:
+        """Reserved jobs whose reservation is older than their ``retry_after`` (to be reclaimed)."""
+        return self.filter(LeaseOver(), reserved_at__isnull=False)
 
     def held(self, job: Job) -> JobQuerySet:
         """The row of ``job`` if nobody reserved it since ``job`` was read."""
@@ -368,20 +403,7 @@ class JobManager(models.Manager["Job"]):
             if follow_ups:
                 self.bulk_enqueue(follow_ups)
             failed = FailedJob.objects.using(queryset.db).create(
-                job_id=job.pk,
-                batch_id=job.batch_id,
-                queue=job.queue,
-                name=job.name,
-                payload=job.payload,
-                priority=job.priority,
-                max_tries=job.max_tries,
-                retry_after=job.retry_after,
-                timeout=job.timeout,
-                attempts=job.attempts,
-                exception_class=exception_class[:255],
-                error=error,
-                created_at=job.created_at,
-                failed_at=DbNow(),
+                **_failed_values(job), exception_class=exception_class[:255], error=error, failed_at=DbNow()
             )
             read_back(failed, "failed_at")
             if job.batch_id:
@@ -429,53 +451,34 @@ class JobManager(models.Manager["Job"]):
 
     # -- reclaim -----------------------------------------------------------
 
-    def expired(self) -> list[Job]:
+    def expired(self) -> JobQuerySet:
         """Reserved jobs whose reservation is older than their ``retry_after``."""
-        return [
-            job
-            for job in self.get_queryset().reserved().order_by().annotate(**_DB_NOW)
-            if job.reserved_at is not None and job.reserved_at + timedelta(seconds=job.retry_after) <= job.db_now
-        ]
+        return self.get_queryset().expired()
 
     def reclaim_expired(self, *, default_tries: int | None = None, ids: Iterable[int] | None = None) -> int:
         """Reclaim reservations older than their ``retry_after``; return how many.
 
         A job that has used its tries moves to ``FailedJob`` instead of running again.
-        ``ids`` limits the reclaim to those jobs.
+        ``ids`` limits the reclaim to those jobs. Each row is reclaimed on its own:
+        one the database refuses to change is moved aside (``move_aside``) and the
+        others are reclaimed all the same.
         """
-        reclaimed = 0
         tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
-        only = set(ids) if ids is not None else None
-        for job in self.expired():
+        expired = self.expired().order_by().only(*_LEASE_FIELDS).annotate(**_DB_NOW)
+        if ids is not None:
+            expired = expired.filter(pk__in=list(ids))
+        reclaimed = 0
+        for job in expired:
             assert job.reserved_at is not None
-            if only is not None and job.pk not in only:
-                continue
             if job.tries_spent >= job.tries_allowed(tries_default):
                 error = RECLAIMED_ERROR.format(
                     name=job.name, id=job.pk, attempts=job.attempts, retry_after=job.retry_after
                 )
-                done = (
-                    self.fail(
-                        job,
-                        error=error,
-                        exception_class="django_dbqueue.exceptions.MaxAttemptsExceeded",
-                        reserved_at=job.reserved_at,
-                        follow_ups=_failure_follow_ups(job),
-                    )
-                    is not None
-                )
                 outcome = "failed"
+                done = self._per_row(job, functools.partial(self._fail_lost, job, error, "MaxAttemptsExceeded"))
             else:
-                with transaction.atomic(using=self.get_queryset().db):
-                    done = bool(
-                        self.get_queryset()
-                        .held(job)
-                        .filter(reserved_at=job.reserved_at)
-                        .update(reserved_at=None, reserved_by="")
-                    )
-                    if done:
-                        _slots_freed(self.get_queryset().db, [job])
                 outcome = "waiting"
+                done = self._per_row(job, functools.partial(self._reclaim_one, job))
             if done:
                 reclaimed += 1
                 logger.warning(
@@ -487,6 +490,79 @@ class JobManager(models.Manager["Job"]):
                     outcome,
                 )
         return reclaimed
+
+    def _reclaim_one(self, job: Job) -> bool:
+        """Put back one expired reservation, if it is still the one read."""
+        using = self.get_queryset().db
+        with transaction.atomic(using=using):
+            done = bool(
+                self.get_queryset()
+                .held(job)
+                .filter(reserved_at=job.reserved_at)
+                .update(reserved_at=None, reserved_by="")
+            )
+            if done:
+                _slots_freed(using, [job])
+        return done
+
+    def _fail_lost(self, job: Job, error: str, exception: str) -> bool:
+        """Fail a reservation that was lost (expired, or its worker died) on its last try."""
+        full = self.get_queryset().held(job).filter(reserved_at=job.reserved_at).first()
+        if full is None:
+            return False
+        failed = self.fail(
+            full,
+            error=error,
+            exception_class=f"django_dbqueue.exceptions.{exception}",
+            reserved_at=job.reserved_at,
+            follow_ups=_failure_follow_ups(full),
+        )
+        return failed is not None
+
+    def _per_row(self, job: Job, change: Callable[[], bool]) -> bool:
+        """Run ``change`` (a state change of one row, in a loop over rows) under a
+        savepoint; if the database refuses it, move the row aside instead, so one
+        bad row never stops the loop. A lost connection still ends the loop."""
+        using = self.get_queryset().db
+        try:
+            with transaction.atomic(using=using):
+                return change()
+        except DatabaseError as exc:
+            if caused_by_lost_connection(exc, using):
+                raise
+            return self.move_aside(job, reason=f"the database refused a change of its row ({type(exc).__name__})")
+
+    def move_aside(self, job: Job, *, reason: str) -> bool:
+        """Move a row the worker cannot act on to ``FailedJob`` unrun, with ``reason``
+        in its error, whoever holds it; return whether it moved.
+
+        For a row written past the table's checks (by hand, ``update()``, raw SQL,
+        or before migration 0014) or one whose value the claim cannot read. Its
+        values are kept, brought within bounds, and the error says which were not.
+        """
+        using = self.get_queryset().db
+        full = self.get_queryset().filter(pk=job.pk).first()
+        if full is None:
+            return False
+        error = (
+            f"{full.name} (job {full.pk}) was moved aside unrun: {reason}. "
+            "Fix the row's values (or the code that wrote them) and retry it."
+        )
+        with transaction.atomic(using=using):
+            if not self.get_queryset().held(full).delete_now():
+                return False
+            failed = FailedJob.objects.using(using).create(
+                **_failed_values(full), exception_class=INVALID_ROW_CLASS, error=error, failed_at=DbNow()
+            )
+        logger.error(
+            "job moved aside job=%s id=%s queue=%s failed_id=%s reason=%s",
+            full.name,
+            full.pk,
+            full.queue,
+            failed.pk,
+            reason,
+        )
+        return True
 
     def reclaim_worker(
         self,
@@ -502,22 +578,13 @@ class JobManager(models.Manager["Job"]):
         count = 0
         tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
         held = self.get_queryset().filter(reserved_by=worker_id, reserved_at__isnull=False)
-        for job in held.annotate(**_DB_NOW):
+        for job in held.order_by().only(*_LEASE_FIELDS).annotate(**_DB_NOW):
             assert job.reserved_at is not None
             if job.tries_spent >= job.tries_allowed(tries_default):
-                elapsed = (job.db_now - job.reserved_at).total_seconds()
-                done = (
-                    self.fail(
-                        job,
-                        error=error_for(elapsed),
-                        exception_class="django_dbqueue.exceptions.WorkerLost",
-                        reserved_at=job.reserved_at,
-                        follow_ups=_failure_follow_ups(job),
-                    )
-                    is not None
-                )
+                error = error_for((job.db_now - job.reserved_at).total_seconds())
+                done = self._per_row(job, functools.partial(self._fail_lost, job, error, "WorkerLost"))
             else:
-                done = self.release(job)
+                done = self._per_row(job, functools.partial(self.release, job))
             count += done
         return count
 
@@ -535,6 +602,7 @@ class JobManager(models.Manager["Job"]):
 
         queryset = self.get_queryset()
         rows = list(jobs)
+        check_rows(rows)
         if any(row.unique_key for row in rows):
             return [row for row in self.insert_each(rows) if row is not None]
         rows = queryset.bulk_create(rows, batch_size=batch_size)
@@ -552,6 +620,7 @@ class JobManager(models.Manager["Job"]):
         refusal undoes that row alone.
         """
         using = self.get_queryset().db
+        check_rows(rows)
         inserted: list[Job | None] = []
         with transaction.atomic(using=using):
             for row in rows:
@@ -574,6 +643,14 @@ class JobManager(models.Manager["Job"]):
                     continue
                 inserted.append(row)
         return inserted
+
+
+def check_rows(rows: Iterable[Job]) -> None:
+    """Raise ValueError naming the first row that holds a value out of the table's bounds."""
+    for row in rows:
+        error = row_error(row.__dict__)
+        if error is not None:
+            raise ValueError(f"Cannot enqueue {row.name}: {error}")
 
 
 def _held_by_reservation(jobs: Iterable[Job]) -> Q:
@@ -704,6 +781,41 @@ def _send_cancelled(job_id: int, failed: FailedJob) -> None:
     job_cancelled.send_robust(sender=Job, job_id=job_id, failed_job=failed)
 
 
+# The columns a reclaim reads of an expired reservation (the rest, with the
+# payload, only for a row it fails).
+_LEASE_FIELDS = (
+    "id", "queue", "name", "attempts", "given_back", "max_tries", "retry_after", "reserved_at",
+    "reserved_by", "concurrency_key", "batch_id",
+)  # fmt: skip
+
+
+def _failed_values(job: Job) -> dict[str, Any]:
+    """The ``FailedJob`` columns of ``job``, each brought within the job table's bounds
+    (a row written past them must still move to ``FailedJob``, whose checks refuse less)."""
+    values = {
+        "job_id": job.pk,
+        "batch_id": job.batch_id,
+        "queue": job.queue,
+        "name": job.name,
+        "payload": job.payload,
+        "created_at": job.created_at,
+        "priority": job.priority,
+        "max_tries": job.max_tries,
+        "retry_after": job.retry_after,
+        "timeout": job.timeout,
+        "attempts": job.attempts,
+    }
+    if row_error(values) is None:
+        return values
+    for column, (low, high) in ROW_BOUNDS.items():
+        value = values.get(column)
+        if column not in values or (value is None and column in NULLABLE_BOUNDS):
+            continue
+        value = value if isinstance(value, int) else low
+        values[column] = max(low, value) if high is None else min(high, max(low, value))
+    return values
+
+
 def _failure_follow_ups(job: Job) -> list[Job]:
     from .chains import follow_ups
 
@@ -720,9 +832,19 @@ def _after(delay: float) -> Any:
 # Values of ``Job.cancel``.
 NO_CANCEL, CANCEL, CANCEL_HARD = 0, 1, 2
 CANCELLED_CLASS = "django_dbqueue.exceptions.JobCancelled"
+INVALID_ROW_CLASS = "django_dbqueue.exceptions.InvalidJobRow"
 
 
 NOT_NEGATIVE = [MinValueValidator(0)]
+
+
+def bounds_condition() -> Q:
+    """The job table's CHECK condition: every column of ``ROW_BOUNDS`` within its bounds."""
+    condition = Q()
+    for column, (low, high) in ROW_BOUNDS.items():
+        within = Q(**{f"{column}__gte": low}) if high is None else Q(**{f"{column}__range": (low, high)})
+        condition &= Q(**{f"{column}__isnull": True}) | within if column in NULLABLE_BOUNDS else within
+    return condition
 
 
 class Job(models.Model):
@@ -733,10 +855,9 @@ class Job(models.Model):
     name = models.CharField(max_length=200, help_text="Registered name of the job definition.")
     payload = models.TextField(help_text="JSON envelope: arguments and options.")
     # Higher runs first within a queue; Django's Tasks framework uses -100..100.
-    # The table has no CHECK constraints on PostgreSQL (migration 0013: there they
-    # cost a quarter of an INSERT's work); the values are checked where they are
-    # made (registry.py, validation.py), and the validators say the same to
-    # ``full_clean`` and forms.
+    # The bounds of this and the other numbered columns are the table's one CHECK
+    # constraint (Meta.constraints), checked first where rows are built
+    # (validation.row_error); the validators say the same to forms.
     priority = models.SmallIntegerField(
         default=0, validators=[MinValueValidator(MIN_PRIORITY), MaxValueValidator(MAX_PRIORITY)]
     )
@@ -803,6 +924,10 @@ class Job(models.Model):
         # NULL) on PostgreSQL and SQLite; the flow-control and batch columns have
         # partial indexes of their own (0008, 0009).
         permissions = [("cancel_job", "Can cancel jobs, waiting or running")]
+        # One CHECK for every bound the worker relies on (validation.ROW_BOUNDS;
+        # migration 0014): one constraint costs PostgreSQL less than nine to
+        # compile in each statement that writes a row (docs/performance.md).
+        constraints = [models.CheckConstraint(condition=bounds_condition(), name="dbqueue_job_bounds")]
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk}"
@@ -889,7 +1014,28 @@ def _flow_columns(text: str) -> dict[str, Any]:
         flow = raw(text).get("flow")
     except (ValueError, PayloadError):
         return {}
-    return dict(flow) if isinstance(flow, dict) else {}
+    if not isinstance(flow, dict):
+        return {}
+    # Only the flow columns (bulk.Flow's fields): anything else an envelope holds is
+    # left out, and the values are checked with the row's (``_without_invalid``).
+    return {name: value for name, value in flow.items() if name in _FLOW_COLUMNS}
+
+
+_FLOW_COLUMNS = frozenset(
+    ("unique_key", "unique_until_start", "concurrency_key", "concurrency_limit", "rate_key", "rate_limit")
+)
+
+
+def _without_invalid(failed: list[FailedJob], rows: list[Job]) -> tuple[list[FailedJob], list[Job]]:
+    """Leave out the failed jobs whose row would hold a value out of bounds: they stay failed, with an error logged."""
+    kept = []
+    for old, new in zip(failed, rows, strict=True):
+        error = row_error(new.__dict__)
+        if error is None:
+            kept.append((old, new))
+        else:
+            logger.error("failed job not retried failed_id=%s job=%s: its row %s", old.pk, old.name, error)
+    return [old for old, _ in kept], [new for _, new in kept]
 
 
 def _without_taken_keys(failed: list[FailedJob], rows: list[Job]) -> tuple[list[FailedJob], list[Job]]:
@@ -936,6 +1082,7 @@ class FailedJobQuerySet(models.QuerySet["FailedJob"]):
                 )
                 for row in failed
             ]
+            failed, rows = _without_invalid(failed, rows)
             failed, rows = _without_taken_keys(failed, rows)
             if any(row.unique_key for row in rows):
                 # A key taken since the check above: that failed job stays failed.
@@ -1196,11 +1343,46 @@ class FlowLimitManager(QueueDatabaseManager):
         keys = sorted(set(keys))
         queryset = self.get_queryset()
         found = {row.key: row for row in _locked(queryset.filter(key__in=keys))}
-        missing = [key for key in keys if key not in found]
-        if missing:
+        # Twice: a row ``prune`` deleted between the insert (a conflict, ignored)
+        # and the lock is made again.
+        for _ in range(2):
+            missing = [key for key in keys if key not in found]
+            if not missing:
+                break
             queryset.bulk_create([FlowLimit(key=key) for key in missing], ignore_conflicts=True)
             found.update({row.key: row for row in _locked(queryset.filter(key__in=missing))})
         return found
+
+    def prune(self, *, older_than: timedelta, concurrency_prefix: str) -> int:
+        """Delete the rows no claim needs; return how many.
+
+        A rate bucket not refilled for ``older_than`` (and holding no job back)
+        would be full again at its next use, and a concurrency key's row
+        (``concurrency_prefix`` + key) that no job row names holds no slot: both
+        are made again when a claim needs them. Rows a claim holds locked are
+        left for the next prune.
+        """
+        queryset = self.get_queryset()
+        using = queryset.db
+        now = queryset.annotate(**_DB_NOW).values_list("db_now", flat=True).first()
+        if now is None:
+            return 0
+        unused_bucket = Q(updated_at__lt=now - older_than) & (Q(held_until__isnull=True) | Q(held_until__lt=now))
+        jobs = Job.objects.db_manager(using).get_queryset()
+        named = jobs.filter(concurrency_key=Substr(OuterRef("key"), len(concurrency_prefix) + 1))
+        unused_key = Q(updated_at__isnull=True, key__startswith=concurrency_prefix) & ~Exists(named)
+        with transaction.atomic(using=using):
+            candidates = queryset.filter(unused_bucket | unused_key).order_by("key")
+            if connections[using].features.has_select_for_update_skip_locked:
+                candidates = candidates.select_for_update(skip_locked=True)
+            ids = list(candidates.values_list("pk", flat=True)[:PRUNE_CHUNK])
+            if ids:
+                queryset.filter(pk__in=ids).delete()
+        return len(ids)
+
+
+# FlowLimit rows one prune deletes at most (the next prune takes the rest).
+PRUNE_CHUNK = 10_000
 
 
 def _locked(queryset: models.QuerySet[Any]) -> list[Any]:

@@ -66,8 +66,8 @@ class Rate:
 
     @classmethod
     def from_text(cls, text: str) -> Rate:
-        count, seconds, burst = text.split("/")
-        return cls(int(count), float(seconds), int(burst))
+        """The rate stored as ``text``; raise ValueError if it cannot be read (a row written by hand)."""
+        return cls(*validation.rate_parts(text))
 
 
 def parse(spec: Any, burst: Any = None) -> Rate:

@@ -74,3 +74,65 @@ def shorten_key(key: str) -> str:
         return key
     digest = hashlib.sha256(key.encode()).hexdigest()
     return f"{key[: KEY_MAX_LENGTH - len(digest) - 1]}#{digest}"
+
+
+# The bounds of the job table's numbered columns, (lowest, highest or None), as the
+# table's CHECK constraint ``dbqueue_job_bounds`` holds them (migration 0014) and
+# every path that builds a row checks them first. The worker relies on each: a
+# negative timeout would end its process at once, a retry_after below 1 would
+# reclaim a running job, a concurrency_limit below 1 would block its key forever,
+# a cancel level it does not know would never be acted on.
+ROW_BOUNDS: dict[str, tuple[int, int | None]] = {
+    "priority": (MIN_PRIORITY, MAX_PRIORITY),
+    "attempts": (0, None),
+    "given_back": (0, None),
+    "cancel": (0, 2),
+    "exceptions": (0, None),
+    "max_tries": (0, None),
+    "retry_after": (1, None),
+    "timeout": (0, None),
+    "concurrency_limit": (1, None),
+}
+# The columns of ROW_BOUNDS that may be NULL (the worker's default applies).
+NULLABLE_BOUNDS = frozenset({"max_tries", "timeout", "concurrency_limit"})
+# The highest value each kind of column can hold (the database refuses more).
+_TYPE_MAX = {"priority": 32767, "cancel": 32767, "max_tries": MAX_TRIES, "concurrency_limit": MAX_TRIES}
+
+
+def row_error(values: Any) -> str | None:
+    """Why a job row with these column values cannot be stored or run, or None.
+
+    ``values`` maps column names to values (a ``Job``'s ``__dict__``, a ``NewJob``'s
+    ``_asdict()``); columns it leaves out are not checked.
+    """
+    for column, (low, high) in ROW_BOUNDS.items():
+        if column not in values:
+            continue
+        value = values[column]
+        if value is None and column in NULLABLE_BOUNDS:
+            continue
+        top = high if high is not None else _TYPE_MAX.get(column, MAX_SECONDS)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
+            return f"{column} must be a whole number from {low} to {top}, not {value!r}"
+    rate = values.get("rate_limit")
+    if rate is not None:
+        try:
+            rate_parts(rate)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+# A stored rate limit (``Job.rate_limit``): ``count/seconds/burst`` (rates.Rate.text).
+_RATE_TEXT = re.compile(r"^([1-9][0-9]*)/([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)/([1-9][0-9]*)$")
+
+
+def rate_parts(text: Any) -> tuple[int, float, int]:
+    """The ``(count, seconds, burst)`` of a stored rate limit; raise ValueError saying why it cannot be read."""
+    match = _RATE_TEXT.match(text) if isinstance(text, str) else None
+    seconds = float(match[2]) if match else 0.0
+    if match is None or not 0 < seconds < float(MAX_SECONDS):
+        raise ValueError(
+            f"rate_limit must be stored as 'count/seconds/burst' with each above 0 (such as '100/60/10'), not {text!r}"
+        )
+    return int(match[1]), seconds, int(match[3])

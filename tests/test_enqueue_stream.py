@@ -304,26 +304,25 @@ def test_a_new_job_writes_no_entry_in_the_index_of_reserved_rows():
 
 
 @pytest.mark.django_db
-def test_the_bounds_of_a_job_row_are_its_validators_and_on_postgresql_no_check_constraint():
-    # Migration 0013: PostgreSQL compiled every CHECK again in each statement that
-    # writes a row (a quarter of an enqueue's work), so there the table has none and
-    # the enqueue function has no parameter defaults; the model's validators keep
-    # the bounds, and MariaDB, MySQL and SQLite keep their checks (and MySQL its
-    # unsigned columns, whose refusal is a DataError).
+def test_the_bounds_of_a_job_row_are_its_validators_and_one_check_constraint_on_every_database():
+    # Migration 0013 dropped PostgreSQL's nine checks (each compiled again in every
+    # statement that writes a row); migration 0014 brought the bounds back as one
+    # CHECK, dbqueue_job_bounds, on every database (MariaDB and MySQL keep their
+    # older column checks and unsigned columns, whose refusal is a DataError). The
+    # enqueue function keeps no parameter defaults.
     row = Job(name="x", payload="{}", priority=101, attempts=-1, retry_after=-1, created_at=dt.datetime.now(dt.UTC))
     row.available_at = row.created_at
     with pytest.raises(ValidationError) as refused:
         row.full_clean()
     assert set(refused.value.error_dict) == {"priority", "attempts", "retry_after"}
     if connection.vendor == "postgresql":
-        assert _checks_and_functions() == (0, [(8, 0), (15, 0)])
-    else:
-        row.priority, row.retry_after = 0, 60
-        with pytest.raises((IntegrityError, DataError)), transaction.atomic():
-            row.save()
-        row.attempts, row.priority = 0, 101
-        with pytest.raises((IntegrityError, DataError)), transaction.atomic():
-            row.save()
+        assert _checks_and_functions() == (1, [(8, 0), (15, 0)])
+    row.priority, row.retry_after = 0, 60
+    with pytest.raises((IntegrityError, DataError)), transaction.atomic():
+        row.save()
+    row.attempts, row.priority = 0, 101
+    with pytest.raises((IntegrityError, DataError)), transaction.atomic():
+        row.save()
     assert not Job.objects.exists()
 
 
@@ -341,7 +340,7 @@ def test_migration_0013_goes_back_to_the_checks_and_the_function_with_defaults_a
     finally:
         MigrationExecutor(connection).migrate(latest)
     if connection.vendor == "postgresql":
-        assert _checks_and_functions() == (0, [(8, 0), (15, 0)])
+        assert _checks_and_functions() == (1, [(8, 0), (15, 0)])
     # A row stored before stays; both functions store rows (a plain job; one with a
     # concurrency key, whose claim is counted per key).
     jobs.add.enqueue(3, 4)
