@@ -45,6 +45,15 @@ RESERVED_REFUSAL = (
 )
 
 
+def pretty_payload(text: str) -> str:
+    """A stored payload as indented JSON, or as stored when it is nested deeper than the parser goes
+    (a row written by raw SQL may be)."""
+    try:
+        return payload.pretty(text)
+    except RecursionError:
+        return text
+
+
 class StateFilter(admin.SimpleListFilter):
     title = "state"
     parameter_name = "state"
@@ -243,7 +252,7 @@ class JobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="payload")
     def pretty_payload(self, job: Job) -> str:
-        return format_html("<pre>{}</pre>", payload.pretty(job.payload))
+        return format_html("<pre>{}</pre>", pretty_payload(job.payload))
 
     def has_run_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_dbqueue.change_job")
@@ -438,7 +447,7 @@ class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="payload")
     def pretty_payload(self, failed: FailedJob) -> str:
-        return format_html("<pre>{}</pre>", payload.pretty(failed.payload))
+        return format_html("<pre>{}</pre>", pretty_payload(failed.payload))
 
     @admin.display(description="error")
     def traceback(self, failed: FailedJob) -> str:

@@ -383,3 +383,22 @@ def test_the_cancel_action_asks_a_reserved_job_to_stop(staff):
     response = client.post(JOB_LIST, {"action": "cancel_selected_hard", "_selected_action": [handle.id]}, follow=True)
     assert "1 running job was asked to stop" in response.content.decode()
     assert Job.objects.get(pk=handle.id).cancel == 2
+
+
+# Deeper than Python's JSON parser goes (RecursionError), as a row written by raw SQL may be.
+DEEP_PAYLOAD = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_payload_nested_deeper_than_the_parser_goes_is_shown_as_stored(admin):
+    failed = make_failed("deep")
+    FailedJob.objects.filter(pk=failed.pk).update(payload=DEEP_PAYLOAD)
+    jobs.always_fail.enqueue("deep job")
+    job = Job.objects.get()
+    Job.objects.filter(pk=job.pk).update(payload=DEEP_PAYLOAD)
+    for page in (
+        reverse("admin:django_dbqueue_failedjob_change", args=[failed.pk]),
+        reverse("admin:django_dbqueue_job_change", args=[job.pk]),
+    ):
+        response = admin.get(page)
+        assert response.status_code == 200
+        assert f"<pre>{DEEP_PAYLOAD}</pre>" in response.content.decode()
