@@ -24,12 +24,21 @@ from django.utils.http import urlencode
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from . import batches
+from . import batches, operations
 from .models import FailedJob, Job, JobBatch
 
 # Failed members listed on a batch's page, each linked to its failed job; the
 # failed job list (filtered by batch) shows them all.
 FAILED_MEMBERS_SHOWN = 20
+
+# Failed members retried per transaction (``operations.retry_failed``): a batch of a
+# million failed members is retried in bounded memory and short locks.
+RETRY_CHUNK = operations.RETRY_CHUNK
+
+CANCELLED_REFUSAL = (
+    "it was cancelled, so its failed members are not retried into it. Retry them from the failed job "
+    "list: there they run on their own, outside any batch."
+)
 
 UNFINISHED_REFUSAL = (
     "it has not finished: its members would end without a batch to count them. Cancel it, "
@@ -61,6 +70,15 @@ class BatchStateFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> QuerySet[JobBatch]:
         value = self.value()
         return queryset.filter(STATES[value]) if value in STATES else queryset
+
+
+def retry_members(batch_id: int) -> int | None:
+    """Retry the failed members of a batch that was not cancelled, a chunk per transaction; return
+    how many, or None for a cancelled batch (see ``batches.retry_failed``)."""
+    if JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=False).exists():
+        return None
+    # A cancel committed meanwhile: FailedJobQuerySet.retry runs the rest outside the batch.
+    return operations.retry_failed(FailedJob.objects.filter(batch_id=batch_id), chunk_size=RETRY_CHUNK)
 
 
 def progress_bar(batch: JobBatch) -> str:
@@ -219,15 +237,20 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description="Retry failed members of selected batches", permissions=["retry"])
     def retry_failed_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
-        retried = {pk: len(batches.retry_failed(pk)) for pk in ids}
+        outcomes = {pk: retry_members(pk) for pk in ids}
+        retried = {pk: count for pk, count in outcomes.items() if count is not None}
+        cancelled = sorted(pk for pk, count in outcomes.items() if count is None)
         count, reopened = sum(retried.values()), sum(1 for n in retried.values() if n)
         if count:
             members = ngettext("%d failed member", "%d failed members", count) % count
             of = ngettext("%d batch", "%d batches", reopened) % reopened
             verb = ngettext("was", "were", count)
             self.message_user(request, f"{members} of {of} {verb} put back on the queue.", messages.SUCCESS)
-        else:
+        elif not cancelled:
             self.message_user(request, "The selected batches have no failed members to retry.", messages.WARNING)
+        if cancelled:
+            names = ", ".join(map(str, cancelled))
+            self.message_user(request, f"Not retried: batch {names}: {CANCELLED_REFUSAL}", messages.WARNING)
 
     @admin.action(description="Delete selected finished batches", permissions=["delete"])
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> HttpResponse | None:
@@ -299,8 +322,10 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise PermissionDenied
         if not JobBatch.objects.filter(pk=pk).exists():
             return self._gone(request, pk)
-        count = len(batches.retry_failed(pk))
-        if count:
+        count = retry_members(pk)
+        if count is None:
+            self.message_user(request, f"Batch {pk} was not retried: {CANCELLED_REFUSAL}", messages.WARNING)
+        elif count:
             message = ngettext(
                 "%(count)d failed member of batch %(pk)d was put back on the queue.",
                 "%(count)d failed members of batch %(pk)d were put back on the queue.",
@@ -329,7 +354,11 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         by_batch = urlencode({"batch_id": batch.pk})
         context: dict[str, Any] = {
             "can_cancel": self.has_cancel_permission(request) and batch.state == "running",
-            "can_retry": self.has_retry_permission(request) and batch.failed > 0,
+            "can_retry": self.has_retry_permission(request) and batch.failed > 0 and batch.cancelled_at is None,
+            # Said where the button would be: a cancelled batch's failed members are retried one by one.
+            "retry_refusal": CANCELLED_REFUSAL
+            if self.has_retry_permission(request) and batch.failed > 0 and batch.cancelled_at is not None
+            else "",
             "show_jobs": self._may_view(request, Job),
             "show_failed": self._may_view(request, FailedJob),
         }

@@ -13,8 +13,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from django_dbqueue import batch, batches
-from django_dbqueue.models import FailedJob, Job, JobBatch
+from django_dbqueue import batch, batch_admin, batches
+from django_dbqueue.models import FailedJob, FailedJobQuerySet, Job, JobBatch
 from tests.test_browser import live_url, page, screenshot_path  # noqa: F401  (fixtures)
 from tests.testapp import jobs
 
@@ -269,6 +269,47 @@ def test_the_retry_button_retries_refuses_get_and_needs_a_csrf_token():
     assert f"1 failed member of batch {batch_id} was put back on the queue." in response.content.decode()
     assert JobBatch.objects.get(pk=batch_id).state == "running"
     assert not FailedJob.objects.exists() and Job.objects.get().batch_id == batch_id
+
+
+@pytest.mark.django_db
+def test_a_cancelled_batch_offers_no_retry_and_says_why():
+    batch_id = make_batch("photos", fail=2, wait=1)
+    batches.cancel(batch_id)
+    client = login("view_jobbatch", "view_failedjob", *RETRY)
+    html = client.get(change_url(batch_id)).content.decode()
+    assert 'id="retry-batch-failed"' not in html and 'id="batch-retry-refusal"' in html
+    assert "it was cancelled, so its failed members are not retried into it" in html
+    # A form posted before the cancel: a message, not a server error, and nothing retried.
+    response = client.post(reverse("admin:django_dbqueue_jobbatch_retry", args=[batch_id]), follow=True)
+    assert response.status_code == 200
+    assert f"Batch {batch_id} was not retried: it was cancelled" in response.content.decode()
+    response = client.post(BATCH_LIST, {"action": "retry_failed_selected", "_selected_action": [batch_id]}, follow=True)
+    assert (
+        response.status_code == 200 and f"Not retried: batch {batch_id}: it was cancelled" in response.content.decode()
+    )
+    assert FailedJob.objects.filter(batch_id=batch_id).count() == 2 and not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_retry_button_retries_a_chunk_per_transaction(monkeypatch):
+    batch_id = make_batch("photos", succeed=1, fail=5)
+    chunks: list[int] = []
+    retry = FailedJobQuerySet.retry
+
+    def counted(self: FailedJobQuerySet) -> list[Job]:
+        jobs = retry(self)
+        chunks.append(len(jobs))
+        return jobs
+
+    monkeypatch.setattr(FailedJobQuerySet, "retry", counted)
+    monkeypatch.setattr(batch_admin, "RETRY_CHUNK", 2)
+    client = login("view_jobbatch", *RETRY)
+    response = client.post(reverse("admin:django_dbqueue_jobbatch_retry", args=[batch_id]), follow=True)
+    assert f"5 failed members of batch {batch_id} were put back on the queue." in response.content.decode()
+    assert chunks == [2, 2, 1]
+    row = JobBatch.objects.get(pk=batch_id)
+    assert (row.state, row.failed, row.pending) == ("running", 0, 5)
+    assert not FailedJob.objects.exists() and Job.objects.filter(batch_id=batch_id).count() == 5
 
 
 # -- delete ---------------------------------------------------------------------------
