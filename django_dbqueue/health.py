@@ -13,6 +13,10 @@ Three checks, in this order:
   its jobs wait because an operator said so.
 
 The status is the worst of the checks': healthy (0) < unhealthy (1) < unknown (2).
+
+A database error is named by its driver's first line on the command line, and by
+its class alone in the view: the driver's text names hosts, ports and users,
+which a token holder has no need to learn.
 """
 
 from __future__ import annotations
@@ -97,7 +101,13 @@ def this_host() -> str:
     return workers.hostname()
 
 
-def check_database() -> Finding:
+def _error(exc: DatabaseError, details: bool) -> str:
+    """The driver's first line with ``details``, else the exception's class only."""
+    lines = str(exc).strip().splitlines() if details else []
+    return lines[0] if lines else type(exc).__name__
+
+
+def check_database(*, details: bool = True) -> Finding:
     aliases = list(dict.fromkeys([alias(), operations.read_alias()]))
     for name in aliases:
         try:
@@ -105,8 +115,7 @@ def check_database() -> Finding:
                 cursor.execute("SELECT 1")
                 cursor.fetchone()
         except DatabaseError as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return Finding("database", Status.UNKNOWN, f"database {name!r} unreachable: {first_line}")
+            return Finding("database", Status.UNKNOWN, f"database {name!r} unreachable: {_error(exc, details)}")
     return Finding("database", Status.HEALTHY, f"database {' and '.join(map(repr, aliases))} reachable")
 
 
@@ -163,9 +172,12 @@ def _jobs(count: int, what: str) -> str:
     return f"{count} {what}{'' if count == 1 else 's'}"
 
 
-def probe(thresholds: Thresholds) -> Report:
-    """Run the checks ``thresholds`` ask for; the database's first, and nothing else if it cannot be read."""
-    database = check_database()
+def probe(thresholds: Thresholds, *, details: bool = True) -> Report:
+    """Run the checks ``thresholds`` ask for; the database's first, and nothing else if it cannot be read.
+
+    Without ``details`` a database error is named by its class, not by the driver's text.
+    """
+    database = check_database(details=details)
     if database.status != Status.HEALTHY:
         return Report((database,))
     findings = [database]
@@ -177,7 +189,7 @@ def probe(thresholds: Thresholds) -> Report:
     except DatabaseError as exc:
         # Reachable, but the tables cannot be read (not migrated, no privilege, a lost connection).
         findings.append(
-            Finding("database", Status.UNKNOWN, f"the queue's tables cannot be read: {exc}".splitlines()[0])
+            Finding("database", Status.UNKNOWN, f"the queue's tables cannot be read: {_error(exc, details)}")
         )
     return Report(tuple(findings))
 
@@ -233,5 +245,5 @@ def health_view(request: HttpRequest) -> JsonResponse:
         thresholds = thresholds_from(request.GET)
     except argparse.ArgumentTypeError as exc:
         return _json({"detail": str(exc)}, status=400)
-    report = probe(thresholds)
+    report = probe(thresholds, details=False)
     return _json(report.as_dict(), status=200 if report.status == Status.HEALTHY else 503)

@@ -275,3 +275,35 @@ def test_the_view_is_access_controlled_like_the_metrics_view():
         assert Client().get(url(workers="0"), HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
         assert Client().get(url(workers="0", token=TOKEN)).status_code == 200
         assert Client().get(url(workers="0"), HTTP_AUTHORIZATION="Bearer wrong-token").status_code == 403
+
+
+DRIVER_TEXT = (
+    'connection to server at "10.1.2.3", port 5432 failed: FATAL: password authentication failed for user "app"'
+)
+
+
+def test_the_view_names_a_database_error_by_its_class_and_the_command_by_its_text(monkeypatch):
+    from django.db import OperationalError, ProgrammingError
+
+    class Refused:
+        def cursor(self):
+            raise OperationalError(DRIVER_TEXT + "\nmore")
+
+    monkeypatch.setattr(health, "connections", {"default": Refused(), "replica": Refused()})
+    with override_settings(DBQUEUE={"METRICS_TOKEN": TOKEN}):
+        response = Client().get(url(), HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 503
+    assert response.json()["reason"] == "unknown: database 'default' unreachable: OperationalError"
+    assert "10.1.2.3" not in response.content.decode() and "app" not in response.content.decode()
+    # The operator at the command line reads the driver's first line.
+    code, line = probe()
+    assert code == 2 and line == f"unknown: database 'default' unreachable: {DRIVER_TEXT}"
+
+    monkeypatch.undo()
+
+    def missing(*args, **kwargs):
+        raise ProgrammingError('permission denied for table dbqueue_worker (user "app")')
+
+    monkeypatch.setattr(health, "check_workers", missing)
+    response = user_client("view_job").get(url())
+    assert response.json()["reason"] == "unknown: the queue's tables cannot be read: ProgrammingError"
