@@ -33,7 +33,7 @@ from django.views.decorators.http import require_safe
 
 from . import operations, workers
 from .db import alias
-from .metrics import refusal
+from .metrics import HEALTH_PERMISSIONS, refusal
 from .models import QueueWorker
 
 
@@ -235,7 +235,7 @@ def health_view(request: HttpRequest) -> JsonResponse:
     Without ``?host=`` the workers of any host count: the web process that serves
     this view is seldom where the workers run.
     """
-    reason = refusal(request)
+    reason = refusal(request, HEALTH_PERMISSIONS)
     if reason is not None:
         response = _json({"detail": reason[1]}, status=reason[0])
         if reason[0] == 401:

@@ -13,9 +13,16 @@ builds its own ``CollectorRegistry`` with one collector over one read of the
 database; nothing is kept between scrapes, so every web process serves the same
 figures and none registers anything in ``prometheus_client.REGISTRY``.
 
-Who may read them: a user with ``PERMISSION``, or a client that sends
-``DBQUEUE["METRICS_TOKEN"]`` (``Authorization: Bearer <token>``, or
-``?token=``). The health view (health.py) uses the same rule.
+Who may read them: a user with ``PERMISSIONS`` (the figures count failed jobs,
+which the admin shows only with ``view_failedjob``), or a client that sends
+``DBQUEUE["METRICS_TOKEN"]`` (``Authorization: Bearer <token>``, or ``?token=``,
+which access logs keep). The health view (health.py) uses the same rule with
+``view_job`` alone: it counts no failures.
+
+Job names come from the history's rows, which any code (or raw SQL) may have
+written: at most ``MAX_NAMES`` of them get series of their own (the registered
+ones first), and the runs of the others are summed under ``OTHER_NAME``, so the
+series cannot grow without bound.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
@@ -31,7 +38,7 @@ from django.db.models import BooleanField, Case, Sum, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
-from . import conf, history, operations, workers
+from . import conf, history, operations, registry, workers
 from .db import error_text
 from .models import JobHistory, QueueWorker
 from .operations import QueueStats
@@ -41,8 +48,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_dbqueue")
 
-# The permission that opens the metrics and health views to a logged-in user.
-PERMISSION = "django_dbqueue.view_job"
+# The permissions that open the metrics view to a logged-in user, and the health view's.
+PERMISSIONS = ("django_dbqueue.view_job", "django_dbqueue.view_failedjob")
+HEALTH_PERMISSIONS = ("django_dbqueue.view_job",)
+# Job names with series of their own; the runs of the others are summed under OTHER_NAME.
+MAX_NAMES = 200
+OTHER_NAME = "__other__"
 PREFIX = "dbqueue_"
 # The job states of ``dbqueue_jobs``, as ``queue_overview`` counts them.
 STATES = ("waiting", "delayed", "blocked", "reserved")
@@ -73,8 +84,9 @@ def sent_token(request: HttpRequest) -> str | None:
     return request.GET.get("token")
 
 
-def refusal(request: HttpRequest) -> tuple[int, str] | None:
-    """Return ``(status, reason)`` refusing ``request`` the monitoring views, or None if it may see them.
+def refusal(request: HttpRequest, permissions: Sequence[str] = PERMISSIONS) -> tuple[int, str] | None:
+    """Return ``(status, reason)`` refusing ``request`` a monitoring view that a user with
+    ``permissions`` may see, or None if it may see it.
 
     A token is checked before the session, so a scraper never needs a login; a
     wrong token is refused even for a logged-in user, so a typo in a scrape
@@ -87,11 +99,12 @@ def refusal(request: HttpRequest) -> tuple[int, str] | None:
             return None
         return 403, "the token is not valid"
     user = getattr(request, "user", None)
-    if user is not None and user.has_perm(PERMISSION):
+    if user is not None and user.has_perms(permissions):
         return None
     if user is None or not user.is_authenticated:
         return 401, "log in, or send DBQUEUE['METRICS_TOKEN'] as 'Authorization: Bearer <token>'"
-    return 403, f"the {PERMISSION} permission is required"
+    needed = " and ".join(permissions)
+    return 403, f"the {needed} permission{'s are' if len(permissions) > 1 else ' is'} required"
 
 
 def refused(reason: tuple[int, str]) -> HttpResponse:
@@ -184,6 +197,34 @@ def read_history(using: str) -> list[HistoryTotals]:
     ]
 
 
+def bounded_names(rows: list[HistoryTotals]) -> list[HistoryTotals]:
+    """Keep the rows of at most ``MAX_NAMES`` job names (registered names first, then by name; every
+    registered name even past the limit) and sum the others' per queue under ``OTHER_NAME``."""
+    limit = MAX_NAMES
+    names = sorted({row.name for row in rows}, key=lambda name: (registry.find(name) is None, name))
+    kept = {name for index, name in enumerate(names) if index < limit or registry.find(name) is not None}
+    if len(kept) == len(names):
+        return rows
+    others: dict[str, list[HistoryTotals]] = {}
+    for row in rows:
+        if row.name not in kept:
+            others.setdefault(row.queue, []).append(row)
+    folded = [
+        HistoryTotals(
+            queue,
+            OTHER_NAME,
+            sum(row.started for row in group),
+            sum(row.succeeded for row in group),
+            sum(row.failed for row in group),
+            sum(row.retried for row in group),
+            sum(row.run_time for row in group),
+            tuple(sum(column) for column in zip(*(row.bins for row in group), strict=True)),
+        )
+        for queue, group in others.items()
+    ]
+    return sorted([row for row in rows if row.name in kept] + folded, key=lambda row: (row.queue, row.name))
+
+
 def snapshot() -> Snapshot:
     """Read the figures from ``operations.read_alias()`` (the replica, if one is set)."""
     using = operations.read_alias()
@@ -194,7 +235,7 @@ def snapshot() -> Snapshot:
     known = set(conf.get("QUEUES") or ()) | counts.served
     for queue in known - set(stats):
         stats[queue] = QueueStats(queue)
-    return Snapshot(sorted(stats.values(), key=lambda item: item.queue), counts, read_history(using))
+    return Snapshot(sorted(stats.values(), key=lambda item: item.queue), counts, bounded_names(read_history(using)))
 
 
 # -- how it is shown ----------------------------------------------------------

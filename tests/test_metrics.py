@@ -70,6 +70,11 @@ def user_client(*codenames: str) -> Client:
     return client
 
 
+def viewer() -> Client:
+    """A user who may read the metrics: view_job and view_failedjob."""
+    return user_client("view_job", "view_failedjob")
+
+
 def add_worker(name: str, *, seconds_ago: float = 0, running: int = 0, queues: str = "default") -> QueueWorker:
     seen = timezone.now() - timedelta(seconds=seconds_ago)
     return QueueWorker.objects.create(
@@ -103,6 +108,30 @@ def test_the_counters_and_the_histogram_are_the_sums_of_the_history_rows():
     assert value(found, "dbqueue_job_run_time_seconds_bucket", **send, le="+Inf") == 6
     assert value(found, "dbqueue_job_run_time_seconds_count", **send) == 6
     assert value(found, "dbqueue_job_run_time_seconds_sum", **send) == pytest.approx(71.75)
+
+
+def test_job_names_past_the_limit_are_summed_under_one_series(monkeypatch):
+    monkeypatch.setattr(metrics, "MAX_NAMES", 3)
+    minute = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    bins = dict.fromkeys(history.BINS, 0)
+    # A registered name sorts last but keeps its series; rows of names no code defines
+    # (written by raw SQL, say) get the places left, by name, and the rest share one.
+    names = ["raw.a", "raw.b", "raw.c", "raw.d", jobs.record.name]
+    for index, name in enumerate(names):
+        for queue in ("default", "emails"):
+            JobHistory.objects.create(
+                bucket=minute, queue=queue, name=name, started=index + 1, succeeded=index + 1, run_time=0.5,
+                **{**bins, "h3": index + 1},
+            )  # fmt: skip
+    found = samples(scrape())
+    labelled = {dict(labels)["name"] for metric, labels in found if metric == "dbqueue_jobs_started_total"}
+    assert labelled == {jobs.record.name, "raw.a", "raw.b", metrics.OTHER_NAME}
+    for queue in ("default", "emails"):
+        other = {"queue": queue, "name": metrics.OTHER_NAME}
+        assert value(found, "dbqueue_jobs_started_total", **other) == 3 + 4  # raw.c and raw.d
+        assert value(found, "dbqueue_job_run_time_seconds_count", **other) == 3 + 4
+        assert value(found, "dbqueue_job_run_time_seconds_sum", **other) == pytest.approx(1.0)
+        assert value(found, "dbqueue_jobs_started_total", queue=queue, name=jobs.record.name) == 5
 
 
 def test_the_gauges_count_jobs_per_queue_and_state_failed_jobs_paused_queues_and_workers():
@@ -202,11 +231,16 @@ def test_an_anonymous_client_gets_401_and_no_figures():
     assert "dbqueue_" not in response.content.decode()
 
 
-def test_a_user_needs_the_view_job_permission():
+def test_a_user_needs_the_view_job_and_view_failedjob_permissions():
     assert user_client().get(url()).status_code == 403
     assert user_client("view_jobprogress").get(url()).status_code == 403
+    # The figures count failed jobs, which the admin shows only with view_failedjob.
     response = user_client("view_job").get(url())
-    assert response.status_code == 200 and "dbqueue_jobs" in response.content.decode()
+    assert response.status_code == 403 and "dbqueue_" not in response.content.decode()
+    assert "django_dbqueue.view_failedjob" in response.content.decode()
+    assert user_client("view_failedjob").get(url()).status_code == 403
+    response = viewer().get(url())
+    assert response.status_code == 200 and "dbqueue_failed_jobs" in response.content.decode()
 
 
 @WITH_TOKEN
@@ -222,7 +256,7 @@ def test_a_wrong_token_is_refused_even_to_a_user_with_the_permission():
         assert Client().get(url(), HTTP_AUTHORIZATION=f"Bearer {wrong}").status_code == 403, wrong
         assert Client().get(url(), {"token": wrong}).status_code == 403, wrong
     assert Client().get(url(), {"token": "é" * 40}).status_code == 403
-    assert user_client("view_job").get(url(), {"token": "wrong"}).status_code == 403
+    assert viewer().get(url(), {"token": "wrong"}).status_code == 403
     # Another scheme carries no token: the client is anonymous.
     assert Client().get(url(), HTTP_AUTHORIZATION=f"Basic {TOKEN}").status_code == 401
 
@@ -234,7 +268,7 @@ def test_no_token_opens_the_view_when_none_is_configured():
 
 def test_without_prometheus_client_the_view_answers_501_and_a_check_warns(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    response = user_client("view_job").get(url())
+    response = viewer().get(url())
     assert response.status_code == 501 and "django-dbqueue[prometheus]" in response.content.decode()
     assert Client().get(url()).status_code == 401  # refused before anything else
     [warning] = check_metrics_extra()
@@ -256,7 +290,7 @@ def test_a_database_error_answers_503(monkeypatch):
         raise DatabaseError("server closed the connection")
 
     monkeypatch.setattr(metrics, "snapshot", broken)
-    response = user_client("view_job").get(url())
+    response = viewer().get(url())
     assert response.status_code == 503 and "DatabaseError" in response.content.decode()
 
 
@@ -270,7 +304,7 @@ def test_a_short_or_non_string_token_is_reported(token):
 
 
 def test_the_post_method_is_refused():
-    assert user_client("view_job").post(url()).status_code == 405
+    assert viewer().post(url()).status_code == 405
 
 
 def test_the_check_is_registered():
@@ -280,5 +314,5 @@ def test_the_check_is_registered():
 
 
 def test_head_is_answered_like_get():
-    response = user_client("view_job").head(url())
+    response = viewer().head(url())
     assert response.status_code == 200 and response.content == b""
