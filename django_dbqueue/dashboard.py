@@ -388,12 +388,13 @@ def _labels(window: Window, points: Sequence[Point]) -> tuple[list[str], list[tu
 class ChartPair:
     window: Window
     succeeded: SafeString
-    failures: SafeString
+    # None: not drawn (the user may not see failures).
+    failures: SafeString | None
     total: Point
 
 
-def charts(window: Window, points: Sequence[Point]) -> ChartPair:
-    """The succeeded chart and the failures chart (failed and retried, stacked) of ``points``."""
+def charts(window: Window, points: Sequence[Point], *, failures: bool = True) -> ChartPair:
+    """The succeeded chart and, with ``failures``, the failures chart (failed and retried, stacked) of ``points``."""
     labels, ticks = _labels(window, points)
     unit = "minute" if window.step == timedelta(minutes=1) else f"{window.step.total_seconds() / 60:.0f} minutes"
     succeeded = bar_chart(
@@ -402,33 +403,36 @@ def charts(window: Window, points: Sequence[Point]) -> ChartPair:
         title=f"Succeeded per {unit}, {window.title.split(',')[0].lower()}",
         ticks=ticks,
     )
-    failures = bar_chart(
-        labels,
-        [
-            Series("failed", "failed", [point.failed for point in points]),
-            Series("retried", "retried", [point.retried for point in points]),
-        ],
-        title=f"Failed and retried per {unit}, {window.title.split(',')[0].lower()}",
-        ticks=ticks,
-        empty="No failures",
-    )
-    return ChartPair(window, succeeded, failures, sum_points(points))
+    failed = None
+    if failures:
+        failed = bar_chart(
+            labels,
+            [
+                Series("failed", "failed", [point.failed for point in points]),
+                Series("retried", "retried", [point.retried for point in points]),
+            ],
+            title=f"Failed and retried per {unit}, {window.title.split(',')[0].lower()}",
+            ticks=ticks,
+            empty="No failures",
+        )
+    return ChartPair(window, succeeded, failed, sum_points(points))
 
 
-def spark(points: Sequence[Point], queue: str) -> SafeString:
-    return sparkline(
-        [
-            Series("succeeded", "ok", [point.succeeded for point in points]),
+def spark(points: Sequence[Point], queue: str, *, failures: bool = True) -> SafeString:
+    """The queue's last hour; its failed and retried runs stacked on the successes only with ``failures``."""
+    layers = [Series("succeeded", "ok", [point.succeeded for point in points])]
+    if failures:
+        layers += [
             Series("failed", "failed", [point.failed for point in points]),
             Series("retried", "retried", [point.retried for point in points]),
-        ],
-        title=f"Queue {queue}, last hour per minute",
-    )
+        ]
+    return sparkline(layers, title=f"Queue {queue}, last hour per minute")
 
 
 def view_for(model_admin: ModelAdmin[Any]) -> Callable[[HttpRequest], HttpResponse]:
     """The dashboard view of the job admin ``model_admin``: for users who may view jobs
-    (as the overview's job counts); the dead-letter counts only with view_failedjob."""
+    (as the overview's job counts); every count of failures (failed jobs kept, runs that
+    failed or were retried, and what adds up to them) only with view_failedjob, as on the overview."""
 
     def dashboard_view(request: HttpRequest) -> HttpResponse:
         if not model_admin.has_view_permission(request):
@@ -443,8 +447,8 @@ def view_for(model_admin: ModelAdmin[Any]) -> Callable[[HttpRequest], HttpRespon
             "opts": model_admin.model._meta,
             "data": data,
             "stats": data.stats,
-            "charts": [charts(HOUR, data.hour), charts(DAY, data.day)],
-            "queues": [(row, spark(row.hour, row.stats.queue)) for row in data.queues],
+            "charts": [charts(HOUR, data.hour, failures=show_failed), charts(DAY, data.day, failures=show_failed)],
+            "queues": [(row, spark(row.hour, row.stats.queue, failures=show_failed)) for row in data.queues],
             "queue_names": [row.stats.queue for row in data.queues],
             "show_failed": show_failed,
             "history_on": history.enabled(),

@@ -300,6 +300,28 @@ def test_the_dashboard_shows_queues_run_times_workers_and_pauses(staff):
 
 
 @pytest.mark.django_db
+def test_failures_are_counted_only_for_users_who_may_view_failed_jobs(staff):
+    now = timezone.now()
+    add_history(now, queue="emails", name="app.send", succeeded=8, failed=3, retried=2, h3=13, run_time=1.3)
+    add_history(
+        now - HOUR.span - DAY.step * 3, queue="emails", name="app.send", succeeded=1, failed=4, h3=5, run_time=0.5
+    )
+    add_worker("w-live", queues="emails", processed=20, failed=7)
+
+    html = staff("view_job").get(URL).content.decode()
+    assert html.count('class="dbq-chart"') == 2  # the succeeded charts only
+    assert "dbq-failed" not in html.split("</style>")[1] and "dbq-retried" not in html.split("</style>")[1]
+    for hidden in ("failed or retried", "Failed / retried", " failed,", "Failed</th>", "Runs</th>", "No failures"):
+        assert hidden not in html, hidden
+    assert 'id="dbq-no-failures"' in html and "8 succeeded" in html and "9 succeeded" in html
+
+    html = staff("view_job", "view_failedjob").get(URL).content.decode()
+    assert html.count('class="dbq-chart"') == 4 and 'id="dbq-no-failures"' not in html
+    assert "failed or retried, last hour" in html and "3 / 2" in html and "Failed</th>" in html
+    assert "7 failed" in html  # the day's failures: 3 + 4
+
+
+@pytest.mark.django_db
 def test_the_overview_links_to_the_dashboard_for_users_who_may_see_it(staff):
     jobs.add.enqueue(1, 1)
     assert URL in staff("view_job").get(reverse("admin:django_dbqueue_overview")).content.decode()
