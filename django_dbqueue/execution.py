@@ -192,7 +192,7 @@ def prepare(job: Job) -> tuple[JobDefinition[..., Any], dict[str, Any], tuple[An
     """Find the definition and arguments of ``job``; raise a permanent error if it cannot run."""
     definition = registry.get(job.name)
     envelope = payload.decode(job.payload)
-    args, kwargs = payload.arguments(envelope)
+    args, kwargs = payload.arguments(envelope, definition.func)
     return definition, envelope, args, kwargs
 
 

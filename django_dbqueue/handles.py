@@ -112,8 +112,13 @@ class JobHandle:
 
     @property
     def result(self) -> Any:
-        """The job's return value, decoded, if it kept its result and succeeded; else None."""
-        return _decode_value(self._result)
+        """The job's return value, decoded, if it kept its result and succeeded; else None.
+
+        A model instance is fetched only if the job's return annotation names its
+        model (``-> Order``); a stored reference to any other raises ``PayloadError``.
+        """
+        definition = registry.find(self.name) if self.name else None
+        return _decode_value(self._result, definition.func if definition is not None else None)
 
     @classmethod
     def from_job(cls, job: Job) -> JobHandle:
@@ -259,12 +264,12 @@ async def aget_job(job_id: int) -> JobHandle:
     return await JobHandle.aget(job_id)
 
 
-def _decode_value(value: Any) -> Any:
+def _decode_value(value: Any, owner: Callable[..., Any] | None) -> Any:
     if value is None:
         return None
     # Stored with the arguments' encoder: tags for dates, decimals, model references.
     envelope = payload.decode(json.dumps({"args": [value], "kwargs": {}}))
-    args, _ = payload.arguments(envelope)
+    args, _ = payload.arguments(envelope, owner, result=True)
     return args[0]
 
 

@@ -4,14 +4,25 @@ Plain JSON values are stored as they are. Values JSON has no type for are
 stored as ``{"__dbq__": <tag>, "v": <value>}`` and turned back on decode:
 datetimes, dates, times, timedeltas, decimals, UUIDs, tuples, and model
 instances (stored as a reference and fetched again when the job runs).
+
+A reference is fetched only for a model the job declares (``declared_models``):
+the row names the model, and a row can be written by anyone who can write to
+the table (the admin, a database user, a bug), so a row that names another
+model (``auth.User`` for a job that takes an ``Order``) fails that job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
+import functools
+import inspect
 import json
+import re
+import typing
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.apps import apps
@@ -108,6 +119,76 @@ def _decode_tagged(obj: dict[str, Any]) -> Any:
     raise PayloadError(f"unknown value tag {tag!r}; was the job enqueued by a newer version?")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Declared:
+    """The models a job declares: what a stored model reference may name for it."""
+
+    # Classes its annotations name; a subclass (a proxy, a child model) is admitted too.
+    classes: tuple[type[models.Model], ...] = ()
+    # Model class names in annotations that could not be resolved (``"Order"``
+    # imported under ``if TYPE_CHECKING``): a model of that class name is admitted.
+    names: frozenset[str] = frozenset()
+    # Whose declaration this is, for the error message.
+    owner: str = "this job"
+
+    def admits(self, model: type[models.Model]) -> bool:
+        return model.__name__ in self.names or any(issubclass(model, declared) for declared in self.classes)
+
+    def describe(self) -> str:
+        found = sorted({_label(declared) for declared in self.classes} | self.names)
+        return f"it declares {', '.join(found)}" if found else "it declares no model"
+
+
+NOTHING = Declared()
+
+
+def _label(model: type[models.Model]) -> str:
+    # ``models.Model`` itself has no ``_meta``.
+    meta = getattr(model, "_meta", None)
+    return str(meta.label_lower) if meta is not None else f"{model.__module__}.{model.__qualname__}"
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _collect(annotation: Any, found: set[type[models.Model]], names: set[str]) -> None:
+    """Add the models an annotation names (``Order``, ``Order | None``, ``list[Order]``)."""
+    if isinstance(annotation, str):
+        names.update(_IDENTIFIER.findall(annotation))
+        return
+    if isinstance(annotation, typing.ForwardRef):
+        names.update(_IDENTIFIER.findall(annotation.__forward_arg__))
+        return
+    if isinstance(annotation, type) and issubclass(annotation, models.Model):
+        found.add(annotation)
+        return
+    for inner in typing.get_args(annotation):
+        _collect(inner, found, names)
+
+
+@functools.lru_cache(maxsize=1024)
+def declared_models(func: Callable[..., Any], *, result: bool = False) -> Declared:
+    """The models ``func``'s parameter annotations name (its return annotation, with ``result``).
+
+    An annotation that cannot be resolved (a model imported under ``if
+    TYPE_CHECKING``) declares the names it is written with. ``models.Model``
+    itself declares every model.
+    """
+    owner = f"{getattr(func, '__qualname__', repr(func))}()"
+    try:
+        hints: dict[str, Any] = typing.get_type_hints(func)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: read them as written
+        hints = dict(inspect.get_annotations(func))
+    found: set[type[models.Model]] = set()
+    names: set[str] = set()
+    for key, annotation in hints.items():
+        if (key == "return") == result:
+            _collect(annotation, found, names)
+    if names:
+        names &= {model.__name__ for model in apps.get_models(include_auto_created=True)}
+    return Declared(tuple(sorted(found, key=_label)), frozenset(names), owner)
+
+
 class ModelRef:
     """A model instance stored by reference, fetched when the job runs."""
 
@@ -117,11 +198,18 @@ class ModelRef:
         self.label = label
         self.pk = pk
 
-    def fetch(self) -> models.Model:
+    def fetch(self, declared: Declared = NOTHING) -> models.Model:
+        """Fetch the instance; raise ``PayloadError`` if it names a model ``declared`` does not admit."""
         try:
             model = apps.get_model(self.label)
         except (LookupError, ValueError) as exc:
             raise PayloadError(f"the argument refers to the model {self.label!r}, which is not installed") from exc
+        if not declared.admits(model):
+            raise PayloadError(
+                f"a stored argument refers to the model {model._meta.label_lower}, which {declared.owner} does "
+                f"not declare ({declared.describe()}): a model instance is fetched only for a model the job's "
+                "annotations name (order: Order)"
+            )
         try:
             instance: models.Model = model._default_manager.get(pk=self.pk)
             return instance
@@ -133,15 +221,15 @@ class ModelRef:
             ) from exc
 
 
-def _resolve(value: Any) -> Any:
+def _resolve(value: Any, owner: Callable[..., Any] | None, result: bool) -> Any:
     if isinstance(value, ModelRef):
-        return value.fetch()
+        return value.fetch(NOTHING if owner is None else declared_models(owner, result=result))
     if isinstance(value, list):
-        return [_resolve(item) for item in value]
+        return [_resolve(item, owner, result) for item in value]
     if isinstance(value, tuple):
-        return tuple(_resolve(item) for item in value)
+        return tuple(_resolve(item, owner, result) for item in value)
     if isinstance(value, dict):
-        return {key: _resolve(item) for key, item in value.items()}
+        return {key: _resolve(item, owner, result) for key, item in value.items()}
     return value
 
 
@@ -249,9 +337,16 @@ def decode(payload: str) -> dict[str, Any]:
     return envelope
 
 
-def arguments(envelope: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Return the call's arguments, with model references fetched from the database."""
-    return tuple(_resolve(list(envelope["args"]))), _resolve(envelope["kwargs"])
+def arguments(
+    envelope: dict[str, Any], owner: Callable[..., Any] | None = None, *, result: bool = False
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Return the call's arguments, with model references fetched from the database.
+
+    A reference is fetched only if ``owner``, the job's function, declares its
+    model (``declared_models``; with ``result``, in its return annotation); any
+    other raises ``PayloadError``, and so does every reference without an owner.
+    """
+    return tuple(_resolve(list(envelope["args"]), owner, result)), _resolve(envelope["kwargs"], owner, result)
 
 
 def pretty(payload: str) -> str:

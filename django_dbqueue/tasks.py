@@ -26,7 +26,6 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
-from django.utils.module_loading import import_string
 
 from . import payload, registry
 from .chains import build_row
@@ -140,8 +139,15 @@ class DatabaseBackend(BaseTaskBackend):
         record = TaskResultRecord.objects.filter(pk=result_id).first()
         if record is None:
             raise TaskResultDoesNotExist(result_id)
-        record = reconcile(record)
-        return to_task_result(record, find_task(record.task_path, importing=True))
+        try:
+            task = find_task(record.task_path)
+        except JobNotRegistered:
+            raise TaskResultDoesNotExist(
+                f"the result {result_id} names the task {record.task_path!r}, which is not registered in this "
+                "process; only registered tasks are read, never imported from the path a row names. Define the "
+                "task with @task in a module imported at startup (an installed app's tasks.py)."
+            ) from None
+        return to_task_result(reconcile(record), task)
 
     def check(self, **kwargs: Any) -> list[Any]:
         messages: list[Any] = list(super().check(**kwargs))
@@ -175,17 +181,13 @@ class DatabaseBackend(BaseTaskBackend):
         return messages
 
 
-def find_task(task_path: str, *, importing: bool = False) -> Task[..., Any]:
-    """The registered task at ``task_path``; with ``importing``, import it if needed (for reading results)."""
+def find_task(task_path: str) -> Task[..., Any]:
+    """The task registered at ``task_path``; raise ``JobNotRegistered`` for any other path.
+
+    Never imported from the path: the path comes from a row (a job's result
+    record), and importing the module a row names runs that module's code.
+    """
     task = _tasks.get(task_path)
-    if task is None and importing:
-        try:
-            found = import_string(task_path)
-        except ImportError as exc:
-            raise TaskResultDoesNotExist(f"the task {task_path!r} of this result cannot be imported: {exc}") from exc
-        if not isinstance(found, Task):
-            raise TaskResultDoesNotExist(f"{task_path!r} is not a task")
-        task = found
     if task is None:
         raise JobNotRegistered(
             f"No django.tasks task is registered under {task_path!r}. Define it with @task in a module "

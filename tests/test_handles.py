@@ -14,17 +14,18 @@ import sys
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import AsyncClient, override_settings
 
-from django_dbqueue import chain, enqueue_many, get_progress
+from django_dbqueue import PayloadError, chain, enqueue_many, get_progress, job
 from django_dbqueue.handles import JobHandle, JobStatus, get_job, prune_results
 from django_dbqueue.models import FailedJob, Job, TaskResultRecord
 from django_dbqueue.operations import retry_failed
 from tests.conftest import ROOT, run_worker, wait_until
 from tests.testapp import jobs
-from tests.testapp.models import Attempt, Run
+from tests.testapp.models import Attempt, Order, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -260,3 +261,32 @@ def test_max_exceptions_must_be_a_positive_integer(value):
 
     with pytest.raises(ImproperlyConfigured, match="max_exceptions must be an integer"):
         jobs.record.using(max_exceptions=value)
+
+
+# -- a kept model instance: fetched only for the model the job's return annotation names --------
+
+
+@job(results=True)
+def keep_order(number: str) -> Order:
+    return Order.objects.create(number=number)
+
+
+def test_a_kept_model_instance_is_fetched_again_for_the_model_the_return_annotation_names():
+    handle = keep_order.enqueue("R-1")
+    run_worker()
+    order = get_job(handle.id).result
+    assert isinstance(order, Order) and order.number == "R-1"
+
+
+def test_a_kept_result_whose_row_names_another_model_raises_and_fetches_nothing(django_assert_num_queries):
+    user = User.objects.create(username="admin", is_superuser=True)
+    handle = keep_order.enqueue("R-2")
+    run_worker()
+    forged = {"__dbq__": "model", "v": ["auth.user", user.pk]}
+    TaskResultRecord.objects.filter(job_id=handle.id).update(return_value=forged)
+    fetched = get_job(handle.id)
+    with django_assert_num_queries(0), pytest.raises(PayloadError) as info:
+        fetched.result  # noqa: B018 - the property reads the result
+    assert "refers to the model auth.user, which keep_order() does not declare (it declares testapp.order)" in str(
+        info.value
+    )

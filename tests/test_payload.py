@@ -1,4 +1,4 @@
-"""Unit tests of the JSON envelope: no database."""
+"""The JSON envelope (unit tests, no database), and model references a job may fetch."""
 
 import datetime as dt
 import decimal
@@ -6,9 +6,15 @@ import json
 import uuid
 
 import pytest
+from django.contrib.auth.models import User
+from django.db import models
 
 from django_dbqueue import payload
 from django_dbqueue.exceptions import PayloadError
+from django_dbqueue.models import FailedJob, Job
+from tests.conftest import run_worker
+from tests.testapp import jobs
+from tests.testapp.models import Order, Run
 
 
 def roundtrip(*args, **kwargs):
@@ -88,3 +94,94 @@ def test_options_are_stored_beside_the_arguments_and_none_is_left_out():
 def test_pretty_indents_json_and_leaves_other_text_alone():
     assert payload.pretty('{"b":1,"a":2}') == '{\n  "a": 2,\n  "b": 1\n}'
     assert payload.pretty("{broken") == "{broken"
+
+
+# -- model references: fetched only for a model the job declares -------------------------------
+
+
+def _declared(source: str, *, result: bool = False) -> payload.Declared:
+    """The models a function written in ``source`` (as ``f``) declares; ``Order`` and ``models`` in scope."""
+    namespace: dict[str, object] = {"Order": Order, "models": models}
+    exec(source, namespace)
+    return payload.declared_models(namespace["f"], result=result)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(order: Order): ...",
+        "def f(order: Order | None = None): ...",
+        "def f(orders: list[Order], note: str = ''): ...",
+        "def f(*orders: Order): ...",
+        "def f(**by_name: dict[str, tuple[Order, int]]): ...",
+        "def f(order: 'Order'): ...",
+    ],
+)
+def test_a_model_named_in_a_parameters_annotation_is_declared(source):
+    declared = _declared(source)
+    assert declared.admits(Order)
+    assert not declared.admits(User)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(order): ...",
+        "def f(order: object, other: 'typing.Any' = None): ...",
+        "def f(order_id: int) -> Order: ...",
+    ],
+)
+def test_a_job_whose_parameters_name_no_model_declares_none(source):
+    declared = _declared(source)
+    assert not declared.admits(Order) and declared.describe() == "it declares no model"
+
+
+def test_the_return_annotation_declares_the_models_of_a_result():
+    declared = _declared("def f(order_id: int) -> Order | None: ...", result=True)
+    assert declared.admits(Order) and not declared.admits(User)
+
+
+def test_models_model_declares_every_model():
+    assert _declared("def f(instance: models.Model): ...").admits(User)
+
+
+def test_an_annotation_that_does_not_resolve_declares_the_model_class_it_names():
+    # ``Missing`` fails get_type_hints (a model imported under ``if TYPE_CHECKING``).
+    declared = _declared("def f(order: 'Order', other: 'Missing | None' = None): ...")
+    assert declared.admits(Order) and not declared.admits(User)
+    assert declared.describe() == "it declares Order"
+
+
+@pytest.mark.django_db
+def test_a_reference_to_a_model_the_job_does_not_declare_is_refused_before_any_query(django_assert_num_queries):
+    envelope = payload.decode('{"args": [{"__dbq__": "model", "v": ["auth.user", 1]}], "kwargs": {}}')
+    with django_assert_num_queries(0), pytest.raises(PayloadError) as info:
+        payload.arguments(envelope, jobs.touch_order.func)
+    assert str(info.value).startswith(
+        "a stored argument refers to the model auth.user, which touch_order() does not declare "
+        "(it declares testapp.order): a model instance is fetched only for a model"
+    )
+    with django_assert_num_queries(0), pytest.raises(PayloadError, match=r"auth\.user, which this job does not"):
+        payload.arguments(envelope)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_forged_reference_fails_that_job_for_good_and_the_worker_goes_on():
+    """A row written by hand (the admin, a database user) that names ``auth.User`` pk 1 for a
+    job that takes an ``Order``: the user is never fetched nor passed to the job."""
+    user = User.objects.create(username="admin", is_superuser=True)
+    order = Order.objects.create(number="F-1")
+    forged = jobs.touch_order.enqueue(order)
+    Job.objects.filter(pk=forged.id).update(
+        payload=json.dumps({"v": 1, "args": [{"__dbq__": "model", "v": ["auth.user", user.pk]}], "kwargs": {}})
+    )
+    jobs.touch_order.enqueue(order)
+    run_worker()
+    failed = FailedJob.objects.get()
+    assert (failed.job_id, failed.attempts) == (forged.id, 1)
+    assert failed.exception_class == "django_dbqueue.exceptions.PayloadError"
+    assert "refers to the model auth.user, which touch_order() does not declare (it declares testapp.order)" in (
+        failed.error
+    )
+    # The honest job ran; the forged one never did.
+    assert list(Run.objects.values_list("key", "note")) == [(f"order-{order.pk}", "F-1")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
+import sys
 
 import pytest
 
@@ -335,3 +336,20 @@ def test_a_task_cancelled_before_it_runs_ends_failed_with_the_cancellation_as_it
     assert fetched.errors[-1].exception_class_path == "django_dbqueue.exceptions.JobCancelled"
     run_worker()
     assert default_task_backend.get_result(result.id).status == TaskResultStatus.FAILED
+
+
+@pytest.mark.parametrize("path", ["tests.unregistered_tasks.never_imported", "os.system"])
+def test_get_result_reads_only_registered_tasks_and_imports_no_module_a_row_names(path):
+    result = tasks.add_numbers.enqueue(1, 2)
+    # A row changed by hand, or by anyone who can write to the table.
+    TaskResultRecord.objects.filter(pk=result.id).update(task_path=path)
+    module = path.rpartition(".")[0]
+    imported = module in sys.modules
+    with pytest.raises(TaskResultDoesNotExist) as info:
+        default_task_backend.get_result(result.id)
+    assert str(info.value) == (
+        f"the result {result.id} names the task {path!r}, which is not registered in this process; only "
+        "registered tasks are read, never imported from the path a row names. Define the task with @task in a "
+        "module imported at startup (an installed app's tasks.py)."
+    )
+    assert (module in sys.modules) == imported
