@@ -39,8 +39,12 @@ def _describe(value: Any) -> str:
     return type(value).__qualname__
 
 
-def encode_value(value: Any, path: str) -> Any:
-    """Return ``value`` as JSON-ready data; raise TypeError naming ``path`` if it cannot be."""
+def encode_value(value: Any, path: str, owner: Callable[..., Any] | None = None) -> Any:
+    """Return ``value`` as JSON-ready data; raise TypeError naming ``path`` if it cannot be.
+
+    With ``owner`` (the job's function), a model instance of a model it does not
+    declare is refused too (``declared_models``): the worker would refuse to fetch it.
+    """
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -50,9 +54,9 @@ def encode_value(value: Any, path: str) -> Any:
             raise TypeError(f"{path} is {value!r}, which JSON cannot store")
         return value
     if isinstance(value, list):
-        return [encode_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return [encode_value(item, f"{path}[{i}]", owner) for i, item in enumerate(value)]
     if isinstance(value, tuple):
-        return {TAG: "tuple", "v": [encode_value(item, f"{path}[{i}]") for i, item in enumerate(value)]}
+        return {TAG: "tuple", "v": [encode_value(item, f"{path}[{i}]", owner) for i, item in enumerate(value)]}
     if isinstance(value, dict):
         encoded = {}
         for key, item in value.items():
@@ -60,7 +64,7 @@ def encode_value(value: Any, path: str) -> Any:
                 raise TypeError(
                     f"{path} has the key {key!r} of type {_describe(key)}; JSON objects only have string keys"
                 )
-            encoded[key] = encode_value(item, f"{path}[{key!r}]")
+            encoded[key] = encode_value(item, f"{path}[{key!r}]", owner)
         if TAG in encoded:
             # A user dict that uses our marker key: store it as pairs, which the
             # decoder's object hook does not mistake for a tagged value.
@@ -81,6 +85,13 @@ def encode_value(value: Any, path: str) -> Any:
     if isinstance(value, models.Model):
         if value.pk is None:
             raise TypeError(f"{path} is an unsaved {value._meta.label} instance; save it before enqueueing")
+        if owner is not None:
+            declared = declared_models(owner)
+            if not declared.admits(type(value)):
+                raise TypeError(
+                    f"{path} is a {value._meta.label_lower} instance, which {declared.owner} does not declare "
+                    f"({declared.describe()}); annotate the parameter with its model (order: Order), or pass the pk"
+                )
         return {TAG: "model", "v": [value._meta.label_lower, encode_value(value.pk, f"{path}.pk")]}
     raise TypeError(
         f"{path} is of type {_describe(value)}, which cannot be stored as JSON; "
@@ -238,15 +249,22 @@ def _resolve(value: Any, owner: Callable[..., Any] | None, result: bool) -> Any:
 _PLAIN = frozenset({str, int, bool, type(None)})
 
 
-def encode_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Return ``{"args": [...], "kwargs": {...}}`` as JSON data; raise TypeError naming a bad argument."""
+def encode_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], owner: Callable[..., Any] | None = None
+) -> dict[str, Any]:
+    """Return ``{"args": [...], "kwargs": {...}}`` as JSON data; raise TypeError naming a bad argument.
+
+    With ``owner``, a model instance its annotations do not declare is a bad argument.
+    """
     plain = _PLAIN
     return {
         "args": [
-            arg if type(arg) in plain else encode_value(arg, f"argument {i} (args[{i}])") for i, arg in enumerate(args)
+            arg if type(arg) in plain else encode_value(arg, f"argument {i} (args[{i}])", owner)
+            for i, arg in enumerate(args)
         ],
         "kwargs": {
-            key: arg if type(arg) in plain else encode_value(arg, f"argument {key!r}") for key, arg in kwargs.items()
+            key: arg if type(arg) in plain else encode_value(arg, f"argument {key!r}", owner)
+            for key, arg in kwargs.items()
         },
     }
 

@@ -185,3 +185,18 @@ def test_a_forged_reference_fails_that_job_for_good_and_the_worker_goes_on():
     )
     # The honest job ran; the forged one never did.
     assert list(Run.objects.values_list("key", "note")) == [(f"order-{order.pk}", "F-1")]
+
+
+def test_with_its_job_an_enqueue_refuses_a_model_instance_the_job_does_not_declare():
+    order = Order(pk=7, number="E-1")
+    assert payload.encode_arguments((order,), {}, jobs.touch_order.func)["args"] == [
+        {"__dbq__": "model", "v": ["testapp.order", 7]}
+    ]
+    with pytest.raises(TypeError) as info:
+        payload.encode_arguments((), {"items": [order]}, jobs.echo.func)
+    assert str(info.value) == (
+        "argument 'items'[0] is a testapp.order instance, which echo() does not declare (it declares no model); "
+        "annotate the parameter with its model (order: Order), or pass the pk"
+    )
+    # Without the job, as before: the worker refuses it when it runs.
+    assert payload.encode_arguments((order,), {})["args"][0]["v"] == ["testapp.order", 7]
