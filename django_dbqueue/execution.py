@@ -8,7 +8,7 @@ import faulthandler
 import functools
 import inspect
 import logging
-import signal
+import math
 import sys
 import threading
 import time
@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from types import FrameType, MappingProxyType
+from types import MappingProxyType
 from typing import Any, Literal
 
 from asgiref.sync import async_to_sync
@@ -26,7 +26,7 @@ from django.utils import timezone
 from . import middleware, payload, registry, tracing
 from .chains import chain_of
 from .errors import clean
-from .exceptions import PERMANENT_ERRORS, JobTimeout, PayloadError, Snooze, WorkerStopped
+from .exceptions import PERMANENT_ERRORS, JobCancelled, JobTimeout, PayloadError, Snooze, WorkerStopped
 from .models import Job
 from .progress import Tracker
 from .registry import Backoff, JobContext, JobDefinition
@@ -74,106 +74,189 @@ class Outcome:
 
 
 class JobTimer:
-    """Per-job timeouts: raise JobTimeout in the main thread after a job's ``seconds``,
-    and end the process if the job still runs ``grace`` seconds later.
+    """The one-job worker's watch over the job that runs in its main thread.
 
-    The first stage is a SIGALRM handler, which interrupts sleeps, socket waits
-    and Python code. Code that never returns to the interpreter (a C call that
-    holds the GIL) cannot see it, so faulthandler's C watchdog thread ends the
-    process after the grace period; the job is then reclaimed as failed.
+    Nothing is ever raised into the job's code: an exception raised there at an
+    arbitrary point (inside a query, between a library's ``lock.acquire()`` and its
+    ``try``) would leave a broken connection or a held lock to every later job of
+    the process. At the job's timeout, or when ``ask_to_stop`` names it (a hard
+    cancel, a second stop signal), the job is asked to stop: its context's
+    ``cancel_requested`` turns true, and ``check_cancelled()`` or ``progress()``
+    end it with that reason. A job still running ``grace`` seconds later is handed
+    to ``on_stuck(prepared, reason)`` in the timer's own thread, which records it
+    and ends the process (the worker's ``_end_stuck_job``); the main thread never
+    comes back from that job. Code that keeps the interpreter itself from running
+    (C code holding the GIL) stops that thread too: then faulthandler's C thread
+    ends the process ``LAST_RESORT_SLACK`` seconds later, and the job is reclaimed.
 
-    A worker enters one timer for its life: the handler is installed once, each
-    job only sets the interval timer, and the watchdog (a thread faulthandler
-    starts on every arming) is armed with ``HARD_STOP_SLACK`` to spare, so jobs
-    that follow each other quickly share one arming. ``pause`` disarms it before
-    the worker waits or talks to the database between jobs.
+    A worker enters one timer for its life. Each job costs a lock and a few
+    assignments: the thread is woken only when a deadline comes sooner than the
+    one it sleeps until, and faulthandler (a thread started on every arming) is
+    armed with ``HARD_STOP_SLACK`` to spare, so jobs that follow each other
+    quickly share one arming. ``pause`` disarms it before the worker waits or
+    talks to the database between jobs. Every request names the run it is for,
+    compared under the lock with the run inside ``limit`` (job id and attempts):
+    a stop meant for one job never reaches the next. Without ``on_stuck`` a run
+    past its grace is only asked to stop.
     """
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, on_stuck: Callable[[Prepared, BaseException], None] | None = None) -> None:
         self.grace = grace
-        self.usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM")
+        self._on_stuck = on_stuck
+        # Reentrant: a stop signal's handler runs in the main thread, perhaps inside ``limit``.
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        # The run inside ``limit``, its deadlines (monotonic) and why it was asked to stop.
+        self._prepared: Prepared | None = None
         self._seconds: int | None = None
-        self._armed = False
-        self._previous: Any = None
-        self._entered = False
-        # Monotonic time at which the watchdog fires; 0 when it is not armed.
+        self._soft_at: float | None = None
+        self._hard_at: float | None = None
+        self._reason: BaseException | None = None
+        # The thread took the run over: it records it and ends the process.
+        self._taken = False
+        self._sleeping_until = math.inf
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Monotonic time at which faulthandler fires; 0 when it is not armed.
         self._hard_stop_at = 0.0
-        # Inside ``limit`` (a job runs), and an exception another thread asked to raise in it.
-        self._in_job = False
-        self._interrupt: BaseException | None = None
 
     def __enter__(self) -> JobTimer:
-        if self.usable:
-            self._previous = signal.signal(signal.SIGALRM, self._fire)
-            self._entered = True
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.pause()
-        if self._entered:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._previous)
-            self._entered = False
+        with self._lock:
+            self._closed = True
+            self._changed.notify()
 
-    def _fire(self, signum: int, frame: FrameType | None) -> None:
-        interrupt, self._interrupt = self._interrupt, None
-        if interrupt is not None and self._in_job:
-            self._armed = False
-            raise interrupt
-        if self._armed:
-            self._armed = False
-            raise JobTimeout(f"the job ran longer than its timeout of {self._seconds} s and was stopped")
+    def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
+        """Ask this reservation of ``job`` to stop, with ``reason``, if it runs under this
+        timer now, and hand it to ``on_stuck`` if it still runs ``grace`` seconds later;
+        callable from any thread. False when ``job`` does not run here (it ended, or
+        another run has started since)."""
+        with self._lock:
+            prepared = self._prepared
+            if self._taken or prepared is None or (prepared.job.pk, prepared.job.attempts) != (job.pk, job.attempts):
+                return False
+            if self._reason is None:
+                self._reason = reason
+            hard_at = time.monotonic() + self.grace
+            if self._hard_at is None or hard_at < self._hard_at:
+                self._hard_at = hard_at
+                self._arm(hard_at)
+            self._wake_for(hard_at)
+            return True
 
-    def interrupt(self, exc: BaseException) -> bool:
-        """Raise ``exc`` in the running job as soon as it runs Python code, as a timeout
-        would (a hard cancel), and end the process if it is still stuck ``grace``
-        seconds later; callable from any thread. False when no job runs under this timer."""
-        if not self._entered or not self._in_job:
-            return False
-        self._interrupt = exc
-        hard_stop_later(self.grace + HARD_STOP_SLACK)
-        self._hard_stop_at = time.monotonic() + self.grace + HARD_STOP_SLACK
-        signal.setitimer(signal.ITIMER_REAL, 0.001)
-        return True
+    def asked_to_stop(self, job: Job) -> bool:
+        """Tell whether this reservation of ``job`` was asked to stop (its cancel probe)."""
+        with self._lock:
+            prepared = self._prepared
+            return (
+                self._reason is not None
+                and prepared is not None
+                and (prepared.job.pk, prepared.job.attempts) == (job.pk, job.attempts)
+            )
 
     @contextmanager
-    def limit(self, seconds: int | None) -> Iterator[None]:
-        """Stop the code run inside after ``seconds`` (None or 0: no limit)."""
-        self._in_job = True
-        armed = bool(seconds) and self._entered
+    def limit(self, prepared: Prepared, seconds: int | None) -> Iterator[None]:
+        """Watch ``prepared``'s run inside (``seconds``: its timeout; None or 0: none)."""
+        now = time.monotonic()
+        with self._lock:
+            self._prepared, self._seconds, self._reason = prepared, seconds, None
+            self._soft_at = now + seconds if seconds else None
+            self._hard_at = now + seconds + self.grace if seconds else None
+            if self._soft_at is not None:
+                self._wake_for(self._soft_at)
+        if seconds:
+            assert self._hard_at is not None
+            # Keep the armed faulthandler if it fires after this job's last resort, and
+            # not more than HARD_STOP_SLACK later.
+            needed = self._hard_at + LAST_RESORT_SLACK
+            if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
+                self._arm(self._hard_at, spare=HARD_STOP_SLACK)
+        else:
+            # An arming for an earlier job must not end this one.
+            self.pause()
         try:
-            if not armed:
-                # A watchdog armed for an earlier job must not end this one.
-                self.pause()
-            else:
-                assert seconds is not None
-                self._seconds = seconds
-                needed = time.monotonic() + seconds + self.grace
-                # Keep the armed watchdog only if it fires after this job's hard stop, and
-                # not more than HARD_STOP_SLACK later.
-                if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
-                    hard_stop_later(seconds + self.grace + HARD_STOP_SLACK)
-                    self._hard_stop_at = needed + HARD_STOP_SLACK
-                self._armed = True
-                signal.setitimer(signal.ITIMER_REAL, seconds)
             yield
+        except JobCancelled as exc:
+            # The job stopped itself after it was asked to: it ends with the reason it was asked for.
+            with self._lock:
+                reason = self._reason
+            if reason is not None and not isinstance(reason, JobCancelled):
+                raise reason from exc
+            raise
         finally:
-            if armed:
-                self._armed = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            self._in_job = False
-            self._interrupt = None
+            with self._lock:
+                taken = self._taken
+                if not taken:
+                    self._prepared = self._reason = self._soft_at = self._hard_at = None
+            if taken:
+                # The timer's thread records this run and ends the process; nothing
+                # after the run may touch the queue meanwhile.
+                threading.Event().wait()
 
     def pause(self) -> None:
-        """Disarm the watchdog until the next job."""
-        if self._hard_stop_at:
+        """Disarm faulthandler until the next job (not once a stuck job is being recorded)."""
+        if self._hard_stop_at and not self._taken:
             faulthandler.cancel_dump_traceback_later()
             self._hard_stop_at = 0.0
 
+    def _arm(self, hard_at: float, *, spare: float = 0.0) -> None:
+        """Make faulthandler end the process ``LAST_RESORT_SLACK`` seconds after ``hard_at``."""
+        at = hard_at + LAST_RESORT_SLACK + spare
+        hard_stop_later(max(0.001, at - time.monotonic()))
+        self._hard_stop_at = at
 
-# Seconds a watchdog armed for one job may outlast that job's timeout plus grace,
+    def _wake_for(self, at: float) -> None:
+        # Under the lock. The thread starts with the first deadline.
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="dbqueue-timer", daemon=True)
+            self._thread.start()
+        elif at < self._sleeping_until:
+            self._changed.notify()
+
+    def _watch(self) -> None:
+        with self._lock:
+            while not self._closed:
+                now = time.monotonic()
+                prepared = self._prepared
+                if prepared is not None and self._reason is None and self._soft_at is not None and self._soft_at <= now:
+                    self._reason = JobTimeout(
+                        f"the job ran longer than its timeout of {self._seconds} s and was stopped"
+                    )
+                    logger.warning(
+                        "job=%s id=%s ran past its timeout of %ss: asked to stop; its process ends in %ss "
+                        "unless it does",
+                        prepared.job.name,
+                        prepared.job.pk,
+                        self._seconds,
+                        self.grace,
+                    )
+                if prepared is not None and self._hard_at is not None and self._hard_at <= now:
+                    if self._on_stuck is not None:
+                        self._taken = True
+                        break
+                    self._hard_at = None
+                due = self._soft_at if self._reason is None else self._hard_at
+                self._sleeping_until = math.inf if due is None else due
+                self._changed.wait(None if due is None else max(0.0, due - now))
+            else:
+                return
+            reason = self._reason
+        assert self._on_stuck is not None and reason is not None
+        try:
+            self._on_stuck(prepared, reason)
+        except BaseException:  # faulthandler ends the process anyway
+            logger.exception("job=%s id=%s: its outcome could not be recorded", prepared.job.name, prepared.job.pk)
+
+
+# Seconds a faulthandler arming for one job may outlast that job's last resort,
 # so the jobs after it within that time need no new arming.
 HARD_STOP_SLACK = 1.0
+# Seconds faulthandler leaves the timer's thread, after a job's grace, to record
+# the job and end the process in order, before it ends the process itself.
+LAST_RESORT_SLACK = 5.0
 
 
 def hard_stop_later(seconds: float) -> None:
@@ -281,8 +364,9 @@ def execute(
 ) -> Outcome:
     """Run ``job`` and return what should happen to it. Never raises for the job's fault.
 
-    ``timer`` is the worker's long-lived ``JobTimer`` (or a pool thread's
-    ``ThreadTimer``); without one, a timer is set up for this run alone.
+    ``timer`` is the worker's long-lived ``JobTimer`` (or a pool thread); without
+    one, a timer is set up for this run alone, which only asks the job to stop at
+    its timeout.
     ``cancel_probe`` tells the job's context whether a cancel request was seen.
     """
     if timer is None:
@@ -365,7 +449,7 @@ def run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) 
 def _run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) -> Outcome:
     definition = prepared.definition
     try:
-        with timer.limit(prepared.timeout or defaults.timeout):
+        with timer.limit(prepared, prepared.timeout or defaults.timeout):
             stack = prepared.middleware()
             if stack:
                 call = functools.partial(_call, definition.func, prepared.args, prepared.kwargs)

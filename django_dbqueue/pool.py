@@ -7,25 +7,29 @@ outcomes; the pool only runs them. It hands each claimed job to a free thread
 collects outcomes between claims, so a process that runs 32 jobs at once still
 deletes finished jobs and claims new ones with one statement per round trip.
 
-Timeouts. A thread cannot be killed. A job that runs past its timeout gets
-``JobTimeout`` raised in its thread (``PyThreadState_SetAsyncExc``), which
-interrupts Python code but not a call that does not return to the interpreter
-(a long ``time.sleep``, a socket read without a timeout, C code). An asyncio job
-is cancelled at its next ``await`` (``asyncio.timeout``); one that blocks the
-loop is as stuck as such a thread. A job still running ``timeout_grace``
-seconds after its timeout makes the worker end the process in order: that job
-is recorded as timed out (it spends a try), every other job the process holds
-is handed back at once without spending one, and the process exits with
+Timeouts, hard cancels, a second stop signal. A thread cannot be killed, and no
+exception is ever raised into one: raised at an arbitrary point of a job (inside
+a query, between a library's ``lock.acquire()`` and its ``try``) it would leave
+a broken connection or a held lock to the thread's next jobs. The job is asked
+to stop instead (``Run.reason``: its context's ``cancel_requested`` turns true,
+and ``check_cancelled()`` or ``progress()`` end it with that reason), and while
+a thread job has been asked and runs on, the pool starts no other job and the
+worker claims none. A job still running ``timeout_grace`` seconds later makes
+the worker end the process in order: the jobs asked to stop are recorded with
+their reason (timed out: a try spent; cancelled: failed), every other job the
+process holds is given back without spending a try, and the process exits with
 ``EXIT_TIMED_OUT`` for its supervisor (``--concurrency``, systemd, Kubernetes)
-to start a fresh one. If the interpreter itself is blocked (C code holding the
-GIL), ``faulthandler`` ends the process a little later, as in a one-job worker.
+to start a fresh one. An asyncio job is cancelled at its next ``await``
+(``asyncio.timeout``, ``Task.cancel``), a point the job's code defines; one that
+blocks the loop is as stuck as such a thread. If the interpreter itself is
+blocked (C code holding the GIL), ``faulthandler`` ends the process a little
+later, as in a one-job worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import dataclasses
 import faulthandler
 import inspect
@@ -42,7 +46,7 @@ from django.db import DatabaseError, connections
 
 from . import registry
 from .db import caused_by_lost_connection, drop_connection
-from .exceptions import JobTimeout, WorkerStopped
+from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import (
     Defaults,
     Outcome,
@@ -78,18 +82,6 @@ def connections_per_process(threads: int, async_slots: int) -> int:
     return threads + 5 + (1 if async_slots else 0)
 
 
-class _Interrupt(BaseException):
-    """Raised in a pool thread by another thread; the run's ``reason`` says why."""
-
-
-def _raise_in_thread(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    """Raise ``exc_type`` in the thread ``thread_id`` when it next runs Python code
-    (None clears one not raised yet)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else None
-    )
-
-
 @dataclasses.dataclass(eq=False)
 class Run:
     """A job handed to the pool, until the worker collects its outcome."""
@@ -97,13 +89,14 @@ class Run:
     job: Job
     on_loop: bool
     prepared: Prepared | None = None
-    # Monotonic times: when the job is interrupted (threads; asyncio enforces its
+    # Monotonic times: when the job is asked to stop (threads; asyncio enforces its
     # own) and when the process is ended for it. None: no timeout.
     soft_at: float | None = None
     hard_at: float | None = None
-    # The exception the job is to end with once interrupted (timeout, cancel, stop).
+    # Why the job was asked to stop (timeout, hard cancel, forced stop): what it ends
+    # with if it stops, or is recorded with if its process ends for it.
     reason: BaseException | None = None
-    interrupted: bool = False
+    # The thread that runs it, set as it starts.
     thread: _Thread | None = None
     task: asyncio.Task[Any] | None = None
 
@@ -122,20 +115,17 @@ class _Thread:
     def __init__(self, pool: Pool, number: int) -> None:
         self.pool = pool
         self.run: Run | None = None
-        # Inside the job's time limit: an interrupt may be raised in it.
-        self.in_limit = False
-        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.main, name=f"dbqueue-job-{number}", daemon=True)
-        self.ident = 0
 
     def main(self) -> None:
-        self.ident = threading.get_ident()
         pool = self.pool
         try:
             while True:
                 run = pool._thread_jobs.get()
                 if run is None:
                     return
+                # Not while a job asked to stop runs on: its process may end for it.
+                pool._may_start.wait()
                 outcome: Outcome | None = None
                 try:
                     if not pool.stopping:
@@ -153,19 +143,15 @@ class _Thread:
         run.start_clock(pool.defaults)
         try:
             prepared = prepare_run(
-                run.job, worker_id=pool.worker_id, defaults=pool.defaults, cancel_probe=pool._cancel_probe(run.job)
+                run.job, worker_id=pool.worker_id, defaults=pool.defaults, cancel_probe=pool._cancel_probe(run)
             )
             if isinstance(prepared, Outcome):
                 return prepared
             run.prepared = prepared
             if run.reason is not None:
-                # Interrupted (a forced stop, a hard cancel) before it started.
+                # Asked to stop (a forced stop, a hard cancel) before it started.
                 return outcome_of(prepared, run.reason, pool.defaults)
-            outcome = run_prepared(prepared, pool.defaults, self)
-            if isinstance(outcome.exception, _Interrupt):
-                # Raised just as the run left its time limit: still the interrupt's reason.
-                outcome = outcome_of(prepared, run.reason or JobTimeout("interrupted"), pool.defaults)
-            return outcome
+            return run_prepared(prepared, pool.defaults, self)
         finally:
             self.run = None
             _reset_connections(run)
@@ -173,31 +159,18 @@ class _Thread:
     # -- the timer interface execution.run_prepared uses (see JobTimer) --------
 
     @contextmanager
-    def limit(self, seconds: int | None) -> Iterator[None]:
+    def limit(self, prepared: Prepared, seconds: int | None) -> Iterator[None]:
+        # The deadlines were set as the run started; the main thread watches them.
         run = self.run
         assert run is not None
-        with self.lock:
-            # The deadlines were set by ``submit`` (the main thread watches them).
-            self.in_limit = True
         try:
             yield
-        except _Interrupt:
-            reason = run.reason or JobTimeout("the job was interrupted")
-            raise reason from None
-        finally:
-            with self.lock:
-                self.in_limit = False
-                # An interrupt requested but not raised yet must not hit the pool's own code.
-                _raise_in_thread(self.ident, None)
-
-    def interrupt(self, run: Run, reason: BaseException) -> bool:
-        """Raise ``reason`` in this thread's job; False if it no longer runs it."""
-        with self.lock:
-            if self.run is not run or not self.in_limit:
-                return False
-            run.reason = reason
-            _raise_in_thread(self.ident, _Interrupt)
-            return True
+        except JobCancelled as exc:
+            # The job stopped itself after it was asked to: it ends with the reason it was asked for.
+            reason = run.reason
+            if reason is not None and not isinstance(reason, JobCancelled):
+                raise reason from exc
+            raise
 
 
 def _internal_error(run: Run, exc: BaseException) -> Outcome:
@@ -258,10 +231,16 @@ class Pool:
         # Called from any thread when an outcome is ready.
         self._wake = wake
         self._thread_jobs: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        # Cleared while a thread job asked to stop runs on (see check_deadlines): no
+        # thread starts a job then, since the process may end for that one.
+        self._may_start = threading.Event()
+        self._may_start.set()
         # Outcomes to collect; None: the job was not started (the pool is stopping).
         self._outcomes: collections.deque[tuple[Run, Outcome | None]] = collections.deque()
         # Set when the worker stops: jobs not started yet come back unrun.
         self.stopping = False
+        # Set once jobs still running were given up on (``abandon``).
+        self._abandoned = False
         # Loop jobs: what is to be started in the loop's thread, and its slots (made there).
         self._to_loop: list[Run] = []
         self._loop_slots: asyncio.Semaphore | None = None
@@ -296,8 +275,13 @@ class Pool:
 
     def stop(self, wait: float = 5.0) -> None:
         """End the threads and the loop (after the jobs they run, up to ``wait`` seconds)."""
+        self.stopping = True
+        self._may_start.set()
         for _ in self._pool_threads:
             self._thread_jobs.put(None)
+        if self._abandoned:
+            # A thread may still run a job that did not stop: waiting for it is in vain.
+            wait = 0.0
         deadline = time.monotonic() + wait
         for pool_thread in self._pool_threads:
             pool_thread.thread.join(max(0.0, deadline - time.monotonic()))
@@ -347,7 +331,7 @@ class Pool:
                 # Prepared here (it may fetch model arguments through the ORM, which the
                 # loop's thread may not), then started on the loop.
                 prepared = prepare_run(
-                    job, worker_id=self.worker_id, defaults=self.defaults, cancel_probe=self._cancel_probe(job)
+                    job, worker_id=self.worker_id, defaults=self.defaults, cancel_probe=self._cancel_probe(run)
                 )
                 if isinstance(prepared, Outcome):
                     self._finished(run, prepared)
@@ -413,30 +397,30 @@ class Pool:
     def has_outcomes(self) -> bool:
         return bool(self._outcomes)
 
-    def _cancel_probe(self, job: Job) -> Callable[[], int]:
-        return lambda: self._cancel_level(job)
+    def _cancel_probe(self, run: Run) -> Callable[[], int]:
+        """What the job's ``context.cancel_requested`` reads: a cancel request, or the
+        worker's own request to stop (timeout, hard cancel, forced stop)."""
+        return lambda: self._cancel_level(run.job) or (1 if run.reason is not None else 0)
 
-    # -- interrupting --------------------------------------------------------------
+    # -- asking jobs to stop -----------------------------------------------------------
 
-    def interrupt(self, job: Job, reason: BaseException) -> bool:
-        """End ``job``'s run with ``reason`` (a hard cancel, a forced stop) as soon as it
-        runs Python code or awaits; the process is ended if it is still stuck
-        ``timeout_grace`` seconds later. False if the pool does not run that job now."""
+    def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
+        """Ask ``job``'s run to stop with ``reason`` (a hard cancel, a forced stop); the
+        process is ended for it if it still runs ``timeout_grace`` seconds later. An
+        asyncio job is cancelled at its next ``await``. False if the pool does not run
+        that reservation of the job now."""
         run = self.runs.get(job.pk)
         if run is None or run.job.attempts != job.attempts:
             return False
         grace_end = time.monotonic() + self.defaults.timeout_grace
         run.hard_at = grace_end if run.hard_at is None else min(run.hard_at, grace_end)
-        run.interrupted = True
-        if run.on_loop:
-            if self._loop is not None:
-                # Scheduled after the task's start: run.task is set by then.
-                self._loop.call_soon_threadsafe(self._cancel_task, run, reason)
-            return True
-        if run.thread is not None and run.thread.interrupt(run, reason):
-            return True
-        # Not started yet (or already past its time limit): it ends with the reason if it starts.
-        run.reason = reason
+        if run.reason is None:
+            run.reason = reason
+        if run.on_loop and self._loop is not None:
+            # Scheduled after the task's start: run.task is set by then.
+            self._loop.call_soon_threadsafe(self._cancel_task, run, reason)
+        # A thread job sees it at its next look; one not started ends with it as it starts.
+        self._next_scan = 0.0
         return True
 
     @staticmethod
@@ -445,13 +429,18 @@ class Pool:
         if run.task is not None and not run.task.done():
             cancel_task(run.task, reason)
 
-    def interrupt_all(self, reason_for: Callable[[Job], BaseException]) -> None:
+    def ask_all_to_stop(self, reason_for: Callable[[Job], BaseException]) -> None:
         for run in list(self.runs.values()):
-            self.interrupt(run.job, reason_for(run.job))
+            self.ask_to_stop(run.job, reason_for(run.job))
+
+    @property
+    def draining(self) -> bool:
+        """Tell whether a thread job asked to stop runs on: no job starts, none is claimed."""
+        return not self._may_start.is_set()
 
     def check_deadlines(self) -> tuple[Run | None, float | None]:
-        """Interrupt thread jobs past their timeout; return a job still running past its
-        timeout plus grace (the process must end), and when to look again.
+        """Ask thread jobs past their timeout to stop; return a job still running past
+        its timeout plus grace (the process must end), and when to look again.
 
         The runs are scanned at most every ``SCAN_INTERVAL`` seconds (a deadline is
         set by the thread or loop that starts the run, so the worker cannot know
@@ -459,20 +448,32 @@ class Pool:
         """
         now = time.monotonic()
         if not self.runs:
+            self._may_start.set()
             self._disarm_last_resort()
             return None, None
         if now < self._next_scan:
             return None, self._next_scan
         self._next_scan = now + SCAN_INTERVAL
         stuck = None
+        draining = False
         for run in list(self.runs.values()):
             if run.hard_at is not None and run.hard_at <= now:
                 stuck = stuck or run
-            elif run.soft_at is not None and run.soft_at <= now and not run.interrupted and run.thread is not None:
+            elif run.soft_at is not None and run.soft_at <= now and run.reason is None and run.thread is not None:
                 seconds = run.job.timeout or self.defaults.timeout
-                run.interrupted = run.thread.interrupt(
-                    run, JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+                run.reason = JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+                logger.warning(
+                    "job=%s id=%s ran past its timeout of %ss: asked to stop; its process ends in %ss unless it does",
+                    run.job.name,
+                    run.job.pk,
+                    seconds,
+                    self.defaults.timeout_grace,
                 )
+            draining = draining or (run.reason is not None and run.thread is not None)
+        if draining:
+            self._may_start.clear()
+        else:
+            self._may_start.set()
         self._arm_last_resort()
         return stuck, self._next_scan
 
@@ -496,9 +497,10 @@ class Pool:
             faulthandler.cancel_dump_traceback_later()
             self._last_resort_at = 0.0
 
-    def abandon(self) -> list[Job]:
+    def abandon(self) -> list[Run]:
         """Forget every job still handed out (their threads or tasks may still run);
-        return them, for the worker to give back."""
-        jobs = [run.job for run in self.runs.values()]
+        return their runs, for the worker to record or give back."""
+        runs = list(self.runs.values())
         self.runs.clear()
-        return jobs
+        self._abandoned = self._abandoned or bool(runs)
+        return runs

@@ -2,7 +2,8 @@
 
 The supervisor forks the workers, forwards SIGTERM and SIGINT to them, and
 starts a new one when one dies or asks to be recycled (``--max-jobs``,
-``--memory``). When a worker dies, the jobs it held are released or failed at
+``--memory``), or ends after a job that did not stop at its timeout or a hard
+cancel (``EXIT_TIMED_OUT``). When a worker dies, the jobs it held are released or failed at
 once instead of waiting for their ``retry_after``.
 """
 
@@ -109,9 +110,10 @@ class Supervisor:
         if code == EXIT_RECYCLE:
             logger.info("worker process recycled pid=%s", pid)
         elif code == EXIT_TIMED_OUT:
-            # It recorded the stuck job and gave back the others; reclaim what it could not.
-            logger.warning("worker process ended after a job it could not interrupt pid=%s; starting another", pid)
-            self._reclaim(worker_id, "ended after a job ran past its timeout")
+            # A job it asked to stop (timeout, hard cancel) ran on: it recorded that job and
+            # gave back the others; reclaim what it could not.
+            logger.warning("worker process ended after a job that did not stop pid=%s; starting another", pid)
+            self._reclaim(worker_id, "ended after a job did not stop at its timeout or a hard cancel")
         else:
             how = describe_status(status)
             logger.error("worker process died pid=%s %s", pid, how)

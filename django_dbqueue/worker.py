@@ -25,7 +25,7 @@ from . import batches, chains, conf, handles, history, progress, registry, signa
 from .claims import clear_unique_keys, retry_in, use_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
-from .execution import Defaults, JobTimer, Outcome, execute, outcome_of
+from .execution import Defaults, JobTimer, Outcome, Prepared, execute, outcome_of
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .models import CANCEL_HARD, FailedJob, Job, TaskResultRecord
@@ -64,9 +64,14 @@ STOP_FINISH = 1.0
 # queue_work --threads and --async-concurrency: the most allowed (a typo guard).
 MAX_THREADS = 512
 MAX_ASYNC = 10_000
-# A pooled worker exits with this code after a job ran past its timeout and could
-# not be interrupted (see pool): its supervisor starts a fresh process.
+# A worker exits with this code after a job it asked to stop (its timeout, a hard
+# cancel) ran on past TIMEOUT_GRACE: it recorded that job and gave back the others,
+# and its supervisor starts a fresh process (see pool, execution.JobTimer).
 EXIT_TIMED_OUT = 77
+# A job recorded as timed out by a process that ends for it is released for its
+# next try no sooner than this (seconds), by when that process is gone: until it
+# is, the job's code may still run in the thread that did not stop.
+ENDING_RELEASE_DELAY = 10.0
 
 
 class StopReason(enum.Enum):
@@ -170,7 +175,8 @@ class Worker:
         self.heartbeat.on_cancel = self._on_cancel
         # The job running now (for a hard cancel from the heartbeat's thread).
         self._current: Job | None = None
-        self._timer = JobTimer(options.defaults.timeout_grace)
+        # Watches the job a one-job worker runs in its main thread (see execution.JobTimer).
+        self._timer = JobTimer(options.defaults.timeout_grace, on_stuck=self._end_stuck_job)
         # Runs several jobs at once (queue_work --threads / --async-concurrency).
         self._pool: Pool | None = None
         if options.pooled:
@@ -308,17 +314,17 @@ class Worker:
             if stopping is not None:
                 if self._signals >= 2 and forced_at is None:
                     forced_at = time.monotonic()
-                    logger.warning("stopping now worker_id=%s: interrupting %s job(s)", self.worker_id, pool.busy)
-                    pool.interrupt_all(
+                    logger.warning("stopping now worker_id=%s: asking %s job(s) to stop", self.worker_id, pool.busy)
+                    pool.ask_all_to_stop(
                         lambda job: WorkerStopped(f"{job.name} (job {job.pk}): the worker was stopped twice")
                     )
                 if not pool.busy:
                     return stopping
                 if forced_at is not None and time.monotonic() - forced_at >= options.defaults.timeout_grace:
-                    for job in pool.abandon():
-                        logger.warning("job=%s id=%s did not stop: given back", job.name, job.pk)
-                        self._give_back(job)
-                        self.heartbeat.drop(job)
+                    for run in pool.abandon():
+                        logger.warning("job=%s id=%s did not stop: given back", run.job.name, run.job.pk)
+                        self._give_back(run.job)
+                        self.heartbeat.drop(run.job)
                     return stopping
                 self._pool_wait(next_look, None)
                 continue
@@ -366,6 +372,9 @@ class Worker:
         one in all with ``--once``."""
         assert self._pool is not None
         pool, options = self._pool, self.options
+        if pool.draining:
+            # A job asked to stop runs on: the process may end for it.
+            return 0
         if options.once:
             return 0 if self.processed else 1
         ahead = 0
@@ -392,34 +401,74 @@ class Worker:
         return self.wait(max(seconds, 0.0005), until_stop=False, listen=listen)
 
     def _end_stuck(self, stuck: Run) -> None:
-        """A job runs past its timeout plus grace and cannot be interrupted: record it as
-        timed out, give back every other job this process holds, and let the
-        process end (see pool)."""
+        """A job asked to stop (its timeout, a hard cancel) runs on past its grace, or
+        blocks the event loop: give back every job of this process that was not asked
+        to stop, record those that were with their reason while their leases still
+        hold, and let the process end (see pool)."""
         assert self._pool is not None
-        job = stuck.job
-        seconds = job.timeout or self.options.defaults.timeout
-        reason = stuck.reason or JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+        runs = self._pool.abandon()
+        asked = [run for run in runs if run is stuck or run.reason is not None]
         logger.error(
-            "job=%s id=%s is still running %ss after %s and cannot be interrupted in its %s: "
-            "recording it, giving back the %s other job(s) of this process, and ending the process",
+            "job=%s id=%s did not stop within %ss of %s in its %s: recording it, giving back the %s "
+            "other job(s) of this process, and ending the process",
+            stuck.job.name,
+            stuck.job.pk,
+            self.options.defaults.timeout_grace,
+            _asked_for(stuck.reason),
+            "event loop" if stuck.on_loop else "thread",
+            len(runs) - len(asked),
+        )
+        for run in runs:
+            self.heartbeat.stopped(run.job)
+            if run not in asked:
+                self._give_back(run.job)
+                self.heartbeat.drop(run.job)
+        for run in asked:
+            reason = run.reason or self._timed_out(run.job)
+            if run.prepared is not None:
+                outcome = outcome_of(run.prepared, reason, self.options.defaults)
+            else:
+                outcome = Outcome("failed", 0, exception=reason, error=str(reason))
+            self._conclude(run.job, _ending(outcome))
+
+    def _end_stuck_job(self, prepared: Prepared, reason: BaseException) -> None:
+        """In the timer's thread (see execution.JobTimer): the job in the main thread was
+        asked to stop and runs on past its grace. Record it (give it back, after a
+        second stop signal), give back the jobs claimed after it, and end the
+        process: the main thread never comes back from that job."""
+        job = prepared.job
+        stopped = isinstance(reason, WorkerStopped)
+        logger.error(
+            "job=%s id=%s did not stop within %ss of %s: %s it and ending the process",
             job.name,
             job.pk,
             self.options.defaults.timeout_grace,
-            "its timeout" if isinstance(reason, JobTimeout) else type(reason).__name__,
-            "event loop" if stuck.on_loop else "thread",
-            self._pool.busy - 1,
+            _asked_for(reason),
+            "giving back" if stopped else "recording",
         )
-        running = self._pool.abandon()
-        if stuck.prepared is not None:
-            outcome = outcome_of(stuck.prepared, reason, self.options.defaults)
+        self.heartbeat.running(None)
+        if stopped:
+            self.stats.stopped(job)
+            self._give_back(job)
+            self.heartbeat.drop(job)
         else:
-            outcome = Outcome("failed", 0, exception=reason, error=str(reason))
-        self.heartbeat.stopped(job)
-        self._conclude(job, outcome)
-        for other in running:
-            if other.pk != job.pk:
-                self._give_back(other)
-                self.heartbeat.drop(other)
+            self._conclude(job, _ending(outcome_of(prepared, reason, self.options.defaults)))
+        self._finish_done()
+        self._release_prefetched()
+        self._flush_history()
+        self._unregister()
+        logger.info(
+            "worker stopped worker_id=%s reason=%s processed=%s",
+            self.worker_id,
+            (StopReason.SIGNAL if stopped else StopReason.TIMED_OUT).value,
+            self.processed,
+        )
+        logging.shutdown()
+        os._exit(0 if stopped else EXIT_TIMED_OUT)
+
+    def _timed_out(self, job: Job) -> JobTimeout:
+        seconds = job.timeout or self.options.defaults.timeout
+        return JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
 
     def _idle(self) -> StopReason | None:
         """The queue is empty and nothing runs: stop (``--once``, ``--stop-when-empty``), or
@@ -686,14 +735,19 @@ class Worker:
         return Outcome("failed", 0, exception=exc, error=str(exc))
 
     def _on_cancel(self, job: Job, level: int) -> None:
-        """Called from the heartbeat's thread when a cancel request for ``job`` is seen."""
-        if self._pool is not None:
-            if level >= CANCEL_HARD:
-                self._pool.interrupt(job, JobCancelled(f"{job.name} (job {job.pk}) was cancelled and stopped (hard)"))
+        """Called from the heartbeat's thread when a cancel request for ``job`` is seen.
+
+        A hard cancel asks that reservation of the job to stop (the pool and the
+        timer compare its id and attempts with what runs, under their own lock, so
+        it never reaches a job started since), and ends its process if it runs on.
+        """
+        if level < CANCEL_HARD:
             return
-        current = self._current
-        if level >= CANCEL_HARD and current is not None and current.pk == job.pk and current.attempts == job.attempts:
-            self._timer.interrupt(JobCancelled(f"{job.name} (job {job.pk}) was cancelled and stopped (hard)"))
+        reason = JobCancelled(f"{job.name} (job {job.pk}) was cancelled and stopped (hard)")
+        if self._pool is not None:
+            self._pool.ask_to_stop(job, reason)
+        else:
+            self._timer.ask_to_stop(job, reason)
 
     def _lost_connection(self, job: Job, outcome: Outcome) -> bool:
         """Tell whether the job ended because its database connection broke, not by
@@ -803,11 +857,10 @@ class Worker:
                     worker_id=self.worker_id,
                     defaults=self.options.defaults,
                     timer=self._timer,
-                    cancel_probe=lambda: self.heartbeat.cancel_level(job),
+                    # A cancel request, or the worker's own request to stop (timeout,
+                    # hard cancel, second stop signal).
+                    cancel_probe=lambda: self.heartbeat.cancel_level(job) or int(self._timer.asked_to_stop(job)),
                 )
-        except WorkerStopped as exc:
-            # The second signal came just outside the job's own code.
-            return Outcome("released", 0, exception=exc, error=str(exc))
         finally:
             self.heartbeat.running(None)
             self._current = None
@@ -1013,10 +1066,17 @@ class Worker:
             self.request_stop()
         elif self._pool is not None:
             self.request_stop()
-        elif self.in_job:
-            logger.warning("stopping now worker_id=%s: releasing the current job", self.worker_id)
-            raise WorkerStopped(f"the worker was stopped by {signal.Signals(signum).name} twice")
         else:
+            # Asked, never raised into the job: it stops by itself (and is released) or
+            # is given back once its grace is over, and the process exits.
+            current = self._current
+            stopped = WorkerStopped(f"the worker was stopped by {signal.Signals(signum).name} twice")
+            if current is not None and self._timer.ask_to_stop(current, stopped):
+                logger.warning(
+                    "stopping now worker_id=%s: the current job is asked to stop, and given back in %ss unless it does",
+                    self.worker_id,
+                    self.options.defaults.timeout_grace,
+                )
             self.request_stop()
 
     @contextmanager
@@ -1034,6 +1094,23 @@ class Worker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+def _asked_for(reason: BaseException | None) -> str:
+    """What asked a job to stop, for the log."""
+    if isinstance(reason, JobCancelled):
+        return "a hard cancel"
+    if isinstance(reason, WorkerStopped):
+        return "a second stop signal"
+    return "its timeout"
+
+
+def _ending(outcome: Outcome) -> Outcome:
+    """The outcome of a job that did not stop, as a process that ends for it records it:
+    a release waits ``ENDING_RELEASE_DELAY`` at least."""
+    if outcome.status != "released":
+        return outcome
+    return dataclasses.replace(outcome, delay=max(outcome.delay, ENDING_RELEASE_DELAY))
 
 
 def _send(signal_: Any, **kwargs: Any) -> None:

@@ -23,7 +23,7 @@ from django_dbqueue import PayloadError, chain, enqueue_many, get_progress, job
 from django_dbqueue.handles import JobHandle, JobStatus, get_job, prune_results
 from django_dbqueue.models import FailedJob, Job, TaskResultRecord
 from django_dbqueue.operations import retry_failed
-from tests.conftest import ROOT, run_worker, wait_until
+from tests.conftest import ROOT, children_of, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Order, Run
 
@@ -196,16 +196,20 @@ def test_a_running_job_stops_at_its_next_progress_report_after_a_cancel(worker_p
 
 
 @pytest.mark.acceptance
-def test_a_hard_cancel_stops_a_job_that_never_checks(worker_process):
+def test_a_hard_cancel_stops_a_job_that_never_checks_by_ending_its_process(worker_process):
     handle = jobs.ignore_cancel.enqueue("hard", 30)
-    worker = worker_process("--sleep", "0.05")
+    worker = worker_process("--concurrency", "1", "--sleep", "0.05", env={"DBQUEUE_TEST_TIMEOUT_GRACE": "0.5"})
     wait_until(lambda: Attempt.objects.filter(key="hard").exists(), 20, worker.output())
+    [first] = children_of(worker.pid)
     call_command("queue_cancel", str(handle.id), "--hard")
     wait_until(lambda: get_job(handle.id).status == JobStatus.CANCELLED, 15, worker.output())
     assert not Run.objects.filter(key="hard").exists()
     assert "JobCancelled" in FailedJob.objects.get().error
+    # Recorded by the process that ran it, which then ended; its supervisor started another.
     jobs.record.enqueue("after-hard")
     wait_until(lambda: Run.objects.filter(key="after-hard").exists(), 15, worker.output())
+    assert Run.objects.get(key="after-hard").pid != first
+    assert "did not stop within 0.5s of a hard cancel" in worker.output()
     assert worker.process.poll() is None
 
 

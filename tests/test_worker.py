@@ -161,8 +161,10 @@ def test_system_exit_and_keyboard_interrupt_in_a_job_do_not_end_the_worker():
     assert FailedJob.objects.get(name__endswith="system_exit").attempts == 3
 
 
-def test_a_job_over_its_timeout_is_stopped_and_counts_as_failed():
-    jobs.sleep_past_timeout.enqueue("sleepy")
+def test_a_job_over_its_timeout_is_asked_to_stop_and_counts_as_failed():
+    # It looks (context.check_cancelled): it stops there and the worker goes on. One that
+    # never looks ends its process (tests/test_hard_cancel.py).
+    jobs.busy_past_timeout.enqueue("busy")
     jobs.record.enqueue("next")
     started = time.monotonic()
     run_worker()
@@ -170,7 +172,7 @@ def test_a_job_over_its_timeout_is_stopped_and_counts_as_failed():
     failed = FailedJob.objects.get()
     assert failed.exception_class == "django_dbqueue.exceptions.JobTimeout"
     assert "the job ran longer than its timeout of 1 s and was stopped" in failed.error
-    assert not Run.objects.filter(key="sleepy").exists()
+    assert not Run.objects.filter(key="busy").exists()
     assert Run.objects.filter(key="next").exists()
 
 

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import os
+import queue
 import time
 
 from django_dbqueue import JobContext, job
@@ -299,7 +300,11 @@ def behind_missing_middleware(key: str) -> None:
 
 
 def sleeping_middleware(context: JobContext, call_next: Callable[[], Any]) -> Any:
-    time.sleep(10)
+    """Waits 10 s before the job, stopping when asked to (at the job's timeout)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        context.check_cancelled()
+        time.sleep(0.02)
     return call_next()
 
 
@@ -400,13 +405,14 @@ async def async_block_loop(key: str) -> None:
     await Run.objects.acreate(key=key)
 
 
-@job(tries=1, timeout=1, retry_after=30)
-def busy_past_timeout(key: str) -> None:
-    """Python code past its timeout: interruptible in a thread."""
+@job(takes_context=True, tries=1, timeout=1, retry_after=30)
+def busy_past_timeout(context: JobContext, key: str) -> None:
+    """Python code past its timeout that looks whether it was asked to stop: it stops
+    there, and its process goes on."""
     Attempt.objects.create(key=key, attempt=0)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        pass
+        context.check_cancelled()
     Run.objects.create(key=key)
 
 
@@ -423,22 +429,23 @@ async def async_progress(context: JobContext, key: str) -> None:
 # -- test_threads jobs
 
 
-def _wait_interruptibly(seconds: float) -> None:
-    """Wait in short sleeps: Python code runs between them, so an exception raised in
-    the thread (a timeout, a hard cancel, a forced stop) ends the wait at once."""
+def _wait_interruptibly(context: JobContext, seconds: float) -> None:
+    """Wait in short sleeps, looking between them whether the job was asked to stop (a
+    timeout, a hard cancel, a forced stop): it stops there, within 20 ms."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        context.check_cancelled()
         time.sleep(0.02)
 
 
 @job(takes_context=True, tries=3, timeout=30, retry_after=60)
 def attempt_and_wait(context: JobContext, key: str, seconds: float, again: float | None = None) -> None:
     """Records each attempt as it starts, waits ``seconds`` (``again`` on later attempts)
-    where an interrupt can reach it, then records its run with the attempt it was."""
+    stopping when asked to, then records its run with the attempt it was."""
     import threading
 
     Attempt.objects.create(key=key, attempt=context.attempt)
-    _wait_interruptibly(seconds if again is None or context.attempt == 1 else again)
+    _wait_interruptibly(context, seconds if again is None or context.attempt == 1 else again)
     Run.objects.create(
         key=key,
         pid=os.getpid(),
@@ -448,8 +455,8 @@ def attempt_and_wait(context: JobContext, key: str, seconds: float, again: float
 
 @job(takes_context=True, tries=3, timeout=60, retry_after=90)
 def attempt_and_sleep(context: JobContext, key: str, seconds: float) -> None:
-    """Like ``attempt_and_wait`` in one ``time.sleep``: no exception raised in its thread
-    reaches it before the sleep returns."""
+    """Like ``attempt_and_wait`` in one ``time.sleep``, never looking whether it was asked
+    to stop: a timeout or a hard cancel ends its process."""
     Attempt.objects.create(key=key, attempt=context.attempt)
     time.sleep(seconds)
     Run.objects.create(key=key, pid=os.getpid())
@@ -579,3 +586,50 @@ def counted_member(context: JobContext, key: str, seconds: float = 0) -> None:
     Attempt.objects.create(key=key, attempt=context.attempt)
     if seconds:
         time.sleep(seconds)
+
+
+# -- test_hard_cancel jobs: a hard cancel or a timeout must never leave the next job a broken
+# connection or a held lock
+
+
+# Module-level, like the pools urllib3 keeps: a stop that lands inside put() or get() could
+# leave its mutex held for every later job of the process.
+_shared_queue: queue.LifoQueue[int] = queue.LifoQueue()
+
+
+@job(tries=3, timeout=60, retry_after=30)
+def select_forever(key: str) -> None:
+    """Loops on ``SELECT 1`` on its thread's connection and never checks for a cancel."""
+    from django.db import connection
+
+    Attempt.objects.create(key=key, attempt=0)
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+
+@job(tries=3, timeout=60, retry_after=30)
+def hold_queue_forever(key: str) -> None:
+    """Puts and gets on the shared queue without end, so its mutex is held most of the time."""
+    Attempt.objects.create(key=key, attempt=0)
+    while True:
+        _shared_queue.put(1)
+        _shared_queue.get()
+
+
+@job(takes_context=True, tries=1, retry_after=30)
+def use_what_a_stop_may_break(context: JobContext, key: str) -> None:
+    """Uses the shared queue and the thread's connection, then records its run and whether
+    it was given back before (a broken connection gives a job back)."""
+    from django.db import connection
+
+    if not _shared_queue.mutex.acquire(timeout=5):
+        raise RuntimeError("the shared queue's mutex was left held")
+    _shared_queue.mutex.release()
+    _shared_queue.put(1)
+    _shared_queue.get()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    Run.objects.create(key=key, note=f"given_back={context.given_back}", pid=os.getpid())
