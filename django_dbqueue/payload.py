@@ -189,7 +189,10 @@ def declared_models(func: Callable[..., Any], *, result: bool = False) -> Declar
     try:
         hints: dict[str, Any] = typing.get_type_hints(func)
     except Exception:  # noqa: BLE001 - an annotation that does not resolve: read them as written
-        hints = dict(inspect.get_annotations(func))
+        try:
+            hints = dict(inspect.get_annotations(func))
+        except TypeError:  # not a function, class or module (a functools.partial): nothing declared
+            hints = {}
     found: set[type[models.Model]] = set()
     names: set[str] = set()
     for key, annotation in hints.items():
