@@ -91,10 +91,14 @@ class JobContext:
 
     @property
     def cancel_requested(self) -> bool:
-        """Tell whether the job was asked to stop (``JobHandle.cancel``, ``queue_cancel``, the admin).
+        """Tell whether the job was asked to stop: cancelled (``JobHandle.cancel``,
+        ``queue_cancel``, the admin), past its timeout, or its worker stopped twice.
 
-        The worker learns of a request within about a second of it (a run shorter
-        than that is never asked).
+        The worker learns of a cancel request within about a second of it (a run
+        shorter than that is never asked). Nothing is raised into a job from outside:
+        a job that looks here (or calls ``check_cancelled``) stops where it chose to;
+        one that runs on ``TIMEOUT_GRACE`` seconds after a timeout or a hard cancel
+        ends its worker process.
         """
         return bool(self.cancel_probe is not None and self.cancel_probe())
 
