@@ -2,8 +2,9 @@
 
 ``metrics/`` serves the Prometheus / OpenMetrics figures (metrics.py, needs the
 ``prometheus`` extra) and ``health/`` the health checks as JSON (health.py), to
-a user with the ``django_dbqueue.view_job`` permission or a client that sends
-``DBQUEUE["METRICS_TOKEN"]`` (``Authorization: Bearer <token>``, or ``?token=``).
+a client that sends ``DBQUEUE["METRICS_TOKEN"]`` (``Authorization: Bearer
+<token>``, or ``?token=``), or a user with the ``django_dbqueue.view_job``
+permission (and, for the metrics, which count failures, ``view_failedjob``).
 Reverse them as ``dbqueue_metrics:metrics`` and ``dbqueue_metrics:health``.
 """
 
