@@ -451,9 +451,10 @@ class JobManager(models.Manager["Job"]):
 
     # -- reclaim -----------------------------------------------------------
 
-    def expired(self) -> JobQuerySet:
-        """Reserved jobs whose reservation is older than their ``retry_after``."""
-        return self.get_queryset().expired()
+    def expired(self) -> list[Job]:
+        """Reserved jobs whose reservation is older than their ``retry_after`` (compared in
+        SQL; ``Job.objects.get_queryset().expired()`` is the queryset)."""
+        return list(self.get_queryset().expired())
 
     def reclaim_expired(self, *, default_tries: int | None = None, ids: Iterable[int] | None = None) -> int:
         """Reclaim reservations older than their ``retry_after``; return how many.
@@ -464,7 +465,7 @@ class JobManager(models.Manager["Job"]):
         others are reclaimed all the same.
         """
         tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
-        expired = self.expired().order_by().only(*_LEASE_FIELDS).annotate(**_DB_NOW)
+        expired = self.get_queryset().expired().order_by().only(*_LEASE_FIELDS).annotate(**_DB_NOW)
         if ids is not None:
             expired = expired.filter(pk__in=list(ids))
         reclaimed = 0
@@ -839,11 +840,15 @@ NOT_NEGATIVE = [MinValueValidator(0)]
 
 
 def bounds_condition() -> Q:
-    """The job table's CHECK condition: every column of ``ROW_BOUNDS`` within its bounds."""
+    """The job table's CHECK condition: every column of ``ROW_BOUNDS`` within its bounds.
+
+    A NULL passes a CHECK (and Django's validation of one), so the nullable
+    columns need no ``IS NULL OR``: each node costs PostgreSQL work in every
+    statement that writes a row (docs/performance.md).
+    """
     condition = Q()
     for column, (low, high) in ROW_BOUNDS.items():
-        within = Q(**{f"{column}__gte": low}) if high is None else Q(**{f"{column}__range": (low, high)})
-        condition &= Q(**{f"{column}__isnull": True}) | within if column in NULLABLE_BOUNDS else within
+        condition &= Q(**{f"{column}__gte": low}) if high is None else Q(**{f"{column}__range": (low, high)})
     return condition
 
 
