@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, transaction
 
 from . import batches, chains, conf, handles, history, progress, registry, signals, unique, workers
-from .claims import clear_unique_keys, retry_in, use_flow_claim
+from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, Prepared, execute, outcome_of
@@ -145,6 +145,8 @@ class Worker:
         self.in_job = False
         self._signals = 0
         self._reserve_errors = 0
+        # The queues of this worker claimed with limits (see _flow_switched).
+        self._flowing: frozenset[str] = frozenset()
         # Jobs that ran but whose outcome this worker gave up storing.
         self._unrecorded: set[int] = set()
         self._restart_seen: datetime | None = None
@@ -205,6 +207,7 @@ class Worker:
                 use_flow_claim(definition.effective_queue)
             if unique.scope(definition) == unique.UNTIL_STARTED:
                 clear_unique_keys(definition.effective_queue)
+        self._flow_switched()
         logger.info(
             "worker started worker_id=%s queues=%s%s",
             self.worker_id,
@@ -471,8 +474,13 @@ class Worker:
         return JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
 
     def _idle(self) -> StopReason | None:
-        """The queue is empty and nothing runs: stop (``--once``, ``--stop-when-empty``), or
-        prune old rows now and then and wait for work (``--sleep``, or a NOTIFY)."""
+        """The claim found nothing and nothing runs: stop (``--once``, ``--stop-when-empty``), or
+        prune old rows now and then and wait for work (``--sleep``, or a NOTIFY).
+
+        Not when the claim held back rows it ran out of rounds for (``retry_in`` is 0):
+        jobs this worker may run still wait, so it claims again at once."""
+        if retry_in() == 0:
+            return None
         if self.options.once:
             return StopReason.ONCE
         if self.options.stop_when_empty:
@@ -618,7 +626,18 @@ class Worker:
             return []
         self._reserve_errors = 0
         self._report_done(done, deleted)
+        if not jobs and self._flow_switched():
+            # The plain claim met jobs with limits and gave them back: they wait for the
+            # flow claim, which takes them now (not an empty queue).
+            return self.reserve(limit)
         return jobs
+
+    def _flow_switched(self) -> bool:
+        """Tell whether one of this worker's queues moved to the flow claim since the
+        last look (``claims.plain_claimed`` does so when it gives back a job with limits)."""
+        flowing = frozenset(queue for queue in self.options.queues if uses_flow_claim(queue))
+        switched, self._flowing = flowing != self._flowing, flowing
+        return switched
 
     def _give_back(self, job: Job) -> None:
         """Release a claimed job this worker will not run; it spends no try."""
