@@ -67,7 +67,8 @@ logger = logging.getLogger("django_dbqueue")
 # Seconds between two looks at the running jobs' deadlines.
 SCAN_INTERVAL = 0.1
 # Seconds the process-ending watchdog (faulthandler) leaves the worker to end a
-# stuck job in order before it ends the process itself.
+# stuck job in order before it ends the process itself; it fires only once no
+# thread could run Python code for half as long (see Pool._arm_last_resort).
 LAST_RESORT_SLACK = 10.0
 
 
@@ -98,6 +99,9 @@ class Run:
     reason: BaseException | None = None
     # The thread that runs it, set as it starts.
     thread: _Thread | None = None
+    # Set as its outcome is handed back: its deadlines no longer apply, however long
+    # the worker takes to collect it (it may be waiting for the database).
+    ended: bool = False
     task: asyncio.Task[Any] | None = None
 
     def start_clock(self, defaults: Defaults) -> None:
@@ -251,8 +255,13 @@ class Pool:
         self.runs: dict[int, Run] = {}
         # When check_deadlines next scans the runs (monotonic).
         self._next_scan = 0.0
-        # When the process-ending watchdog is armed to fire (monotonic); 0: not armed.
+        # The process-ending watchdog (see _arm_last_resort): when it is armed to fire
+        # (monotonic; 0: not armed), the soonest it may (the earliest hard stop plus the
+        # slack), and the thread that pushes it back while the interpreter runs.
         self._last_resort_at = 0.0
+        self._last_resort_due = 0.0
+        self._last_resort_lock = threading.Condition()
+        self._last_resort_keeper: threading.Thread | None = None
 
     # -- life ------------------------------------------------------------------
 
@@ -379,6 +388,7 @@ class Pool:
         elif outcome.exception is not None and not run.on_loop and caused_by_lost_connection(outcome.exception):
             # The job's own connection broke: the thread opens a fresh one for its next job.
             drop_connection()
+        run.ended = True
         self._outcomes.append((run, outcome))
         self._wake()
 
@@ -457,6 +467,8 @@ class Pool:
         stuck = None
         draining = False
         for run in list(self.runs.values()):
+            if run.ended:
+                continue  # its outcome waits to be collected
             if run.hard_at is not None and run.hard_at <= now:
                 stuck = stuck or run
             elif run.soft_at is not None and run.soft_at <= now and run.reason is None and run.thread is not None:
@@ -478,24 +490,64 @@ class Pool:
         return stuck, self._next_scan
 
     def _arm_last_resort(self) -> None:
-        """Keep faulthandler's watchdog armed to end the process ``LAST_RESORT_SLACK``
-        seconds after the earliest hard stop, should the worker itself be blocked."""
-        earliest = min((run.hard_at for run in self.runs.values() if run.hard_at is not None), default=None)
+        """Keep faulthandler's watchdog armed for what the worker cannot end itself: an
+        interpreter blocked (C code holding the GIL) past a job's hard stop.
+
+        It fires no sooner than ``LAST_RESORT_SLACK`` seconds after the earliest hard
+        stop of a run still running, and only once no Python code could run for half
+        that slack: a keeper thread pushes it back for as long as it can run. So a
+        worker that waits for the database (a claim, an outcome to record, a
+        reconnect), however long, is not ended by it; it ends a stuck job itself
+        once it is back (see ``check_deadlines``).
+        """
+        earliest = min(
+            (run.hard_at for run in self.runs.values() if run.hard_at is not None and not run.ended), default=None
+        )
         if earliest is None:
             self._disarm_last_resort()
             return
-        wanted = earliest + LAST_RESORT_SLACK
-        # Re-arming starts a thread: keep an arming that fires after the wanted time,
-        # by at most one more slack.
-        if wanted <= self._last_resort_at <= wanted + LAST_RESORT_SLACK:
+        with self._last_resort_lock:
+            self._last_resort_due = earliest + LAST_RESORT_SLACK
+            self._keep_last_resort(time.monotonic())
+            if self._last_resort_keeper is None:
+                self._last_resort_keeper = threading.Thread(
+                    target=self._last_resort_keeper_main, name="dbqueue-last-resort", daemon=True
+                )
+                self._last_resort_keeper.start()
+
+    def _keep_last_resort(self, now: float) -> None:
+        """Arm the watchdog to fire ``LAST_RESORT_SLACK`` seconds from ``now``, or at its
+        due time if later; under ``_last_resort_lock``."""
+        soonest = max(self._last_resort_due, now + LAST_RESORT_SLACK / 2)
+        wanted = max(self._last_resort_due, now + LAST_RESORT_SLACK)
+        # Re-arming starts a thread (faulthandler's): keep an arming that fires no
+        # sooner than it may, and at most one more slack after it must.
+        if soonest <= self._last_resort_at <= wanted + LAST_RESORT_SLACK:
             return
-        hard_stop_later(max(0.001, wanted - time.monotonic()))
+        hard_stop_later(wanted - now)
         self._last_resort_at = wanted
+        self._last_resort_lock.notify()
+
+    def _last_resort_keeper_main(self) -> None:
+        """Push the armed watchdog back whenever it gets within half a slack of firing:
+        that this thread runs shows that the interpreter is not blocked."""
+        with self._last_resort_lock:
+            try:
+                while self._last_resort_at:
+                    self._last_resort_lock.wait(self._last_resort_at - LAST_RESORT_SLACK / 2 - time.monotonic() + 0.01)
+                    if self._last_resort_at:
+                        self._keep_last_resort(time.monotonic())
+            finally:
+                self._last_resort_keeper = None
 
     def _disarm_last_resort(self) -> None:
-        if self._last_resort_at:
-            faulthandler.cancel_dump_traceback_later()
-            self._last_resort_at = 0.0
+        if not self._last_resort_at:
+            return  # only this thread arms it once disarmed
+        with self._last_resort_lock:
+            if self._last_resort_at:
+                faulthandler.cancel_dump_traceback_later()
+                self._last_resort_at = 0.0
+                self._last_resort_lock.notify()
 
     def abandon(self) -> list[Run]:
         """Forget every job still handed out (their threads or tasks may still run);

@@ -1026,8 +1026,16 @@ class Worker:
         # by a probe: a connection opened to probe the server would sit idle
         # through the wait below and could be killed as well.
         lost = is_connection_error(exc)
+        if lost:
+            # The other workers' rows go stale while the database is away: none of them
+            # is taken for dead, and its jobs reclaimed, until it had time to beat again.
+            workers.postpone_reclaim()
         # A fresh connection costs little on this path and clears any broken state.
         drop_connection()
+        if self._pool is not None:
+            # The pool's jobs run on meanwhile: those past their timeout are asked to stop
+            # now, not once the database is back; one that does not is ended then.
+            self._pool.check_deadlines()
         delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
         logger.warning(
             "database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",

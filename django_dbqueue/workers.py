@@ -178,6 +178,18 @@ def reclaim_dead(*, default_tries: int | None = None) -> int:
     return count
 
 
+def postpone_reclaim() -> None:
+    """Reclaim no dead worker's jobs in this process for ``dead_after()`` seconds from now.
+
+    Called by a worker that lost its database connection: when the database is
+    back, every worker's row went unrefreshed for as long as it was away, and
+    reads as dead until that worker's next beat; its jobs are not to be taken
+    from it meanwhile.
+    """
+    global _reclaimed_at
+    _reclaimed_at = max(_reclaimed_at, time.monotonic() + dead_after() - beat_seconds())
+
+
 def _same(error: str, _seconds_held: float) -> str:
     return error
 

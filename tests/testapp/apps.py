@@ -20,6 +20,9 @@ class TestAppConfig(AppConfig):
         if os.environ.get("DBQUEUE_TEST_LIMITS"):
             # Worker processes of the limit tests: the jobs with concurrency keys and rate limits.
             from . import limit_jobs  # noqa: F401
+        if os.environ.get("DBQUEUE_TEST_OUTAGE_JOBS"):
+            # Worker processes of the pooled-worker outage test.
+            from . import outage_jobs  # noqa: F401
 
 
 def _record_success(sender: object, job: object, worker_id: str = "", **kwargs: object) -> None:
