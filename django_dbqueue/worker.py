@@ -1032,9 +1032,10 @@ class Worker:
             workers.postpone_reclaim()
         # A fresh connection costs little on this path and clears any broken state.
         drop_connection()
-        if self._pool is not None:
+        if self._pool is not None and self._pool.busy:
             # The pool's jobs run on meanwhile: those past their timeout are asked to stop
-            # now, not once the database is back; one that does not is ended then.
+            # now, not once the database is back; one that does not is ended then. (Not
+            # once the pool gave up its jobs to end the process: none may start now.)
             self._pool.check_deadlines()
         delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
         logger.warning(
