@@ -1018,7 +1018,7 @@ def _flow_columns(text: str) -> dict[str, Any]:
 
     try:
         flow = raw(text).get("flow")
-    except (ValueError, PayloadError):
+    except (ValueError, PayloadError, RecursionError):
         return {}
     if not isinstance(flow, dict):
         return {}

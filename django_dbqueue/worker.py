@@ -15,20 +15,20 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import batches, chains, conf, handles, history, progress, registry, signals, unique, workers
+from . import batches, chains, concurrency, conf, handles, history, progress, registry, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, JobTimer, Outcome, Prepared, execute, outcome_of
 from .heartbeat import Heartbeat
 from .listener import Listener
-from .models import CANCEL_HARD, FailedJob, Job, TaskResultRecord
+from .models import CANCEL_HARD, FailedJob, FlowLimit, Job, TaskResultRecord
 from .operations import restart_marker
 from .pool import Pool, Run
 from .schedules import Ticker
@@ -84,6 +84,16 @@ class StopReason(enum.Enum):
     MEMORY = "memory"
     ORPHANED = "orphaned"
     RESTART = "restart"
+
+
+# Hours after which the rows pruned without a setting go: worker rows of workers
+# gone that long, and flow-limit rows no claim used for a day (a rate bucket is
+# full again long before; a concurrency key no job names holds no slot).
+FIXED_PRUNE_HOURS = {"worker rows": workers.PRUNE_AFTER / 3600, "flow limit rows": 24.0}
+
+
+def _prune_flow_limits(hours: float) -> int:
+    return FlowLimit.objects.prune(older_than=timedelta(hours=hours), concurrency_prefix=concurrency.PREFIX)
 
 
 @dataclasses.dataclass
@@ -524,8 +534,9 @@ class Worker:
             ("RESULT_MAX_AGE", "results", handles.prune_results),
             (None, "worker rows", lambda hours: workers.prune(hours * 3600)),
             ("HISTORY_MAX_AGE", "history rows", history.prune),
+            (None, "flow limit rows", _prune_flow_limits),
         ):
-            max_age = conf.get(setting) if setting is not None else workers.PRUNE_AFTER / 3600
+            max_age = conf.get(setting) if setting is not None else FIXED_PRUNE_HOURS[what]
             if max_age is None:
                 continue
             try:
