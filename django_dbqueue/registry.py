@@ -271,7 +271,9 @@ class JobCall:
         """Return this call as JSON data: name, options and encoded arguments."""
         definition = self.definition
         try:
-            args = payload.encode_arguments(self.args, self.kwargs)
+            # With the function: a model instance its annotations do not declare is
+            # refused here, not when a worker fetches it (payload.declared_models).
+            args = payload.encode_arguments(self.args, self.kwargs, definition.func)
         except TypeError as exc:
             raise TypeError(f"Cannot enqueue {definition.name}: {exc}") from None
         step: dict[str, Any] = {
@@ -536,6 +538,8 @@ class _Plain(NamedTuple):
     delay: float
     # Envelope keys after the arguments, in ``chains.new_job``'s order.
     options: dict[str, Any]
+    # The job's function, whose annotations say which models its arguments may be.
+    func: Callable[..., Any]
 
     @classmethod
     def of(cls, definition: JobDefinition[..., Any]) -> _Plain | None:
@@ -566,6 +570,7 @@ class _Plain(NamedTuple):
             timeout=definition.timeout,
             delay=float(definition.delay or 0),
             options=options,
+            func=definition.func,
         )
 
     @classmethod
@@ -585,7 +590,7 @@ class _Plain(NamedTuple):
         from .bulk import NewJob
 
         try:
-            encoded = payload.encode_arguments(args, kwargs)
+            encoded = payload.encode_arguments(args, kwargs, self.func)
         except TypeError as exc:
             raise TypeError(f"Cannot enqueue {self.name}: {exc}") from None
         text = payload.dumps({"v": payload.VERSION, **encoded, **self.options})

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import models
 
-from django_dbqueue import payload
+from django_dbqueue import chain, enqueue_many, payload
 from django_dbqueue.exceptions import PayloadError
 from django_dbqueue.models import FailedJob, Job
 from tests.conftest import run_worker
@@ -200,3 +200,17 @@ def test_with_its_job_an_enqueue_refuses_a_model_instance_the_job_does_not_decla
     )
     # Without the job, as before: the worker refuses it when it runs.
     assert payload.encode_arguments((order,), {})["args"][0]["v"] == ["testapp.order", 7]
+
+
+@pytest.mark.django_db
+def test_enqueue_enqueue_many_and_a_chain_refuse_a_model_instance_the_job_does_not_declare():
+    order = Order.objects.create(number="E-2")
+    message = r"Cannot enqueue .*echo: argument 0 \(args\[0\]\) is a testapp.order instance, which echo\(\) does not"
+    with pytest.raises(TypeError, match=message):
+        jobs.echo.enqueue(order)
+    with pytest.raises(TypeError, match=message):
+        enqueue_many([jobs.echo.bind(order)])
+    with pytest.raises(TypeError, match=message):
+        chain(jobs.touch_order.bind(order), jobs.echo.bind(order)).enqueue()
+    assert not Job.objects.exists()
+    assert jobs.touch_order.enqueue(order).id
