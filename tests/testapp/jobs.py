@@ -597,7 +597,7 @@ def counted_member(context: JobContext, key: str, seconds: float = 0) -> None:
 _shared_queue: queue.LifoQueue[int] = queue.LifoQueue()
 
 
-@job(tries=3, timeout=60, retry_after=30)
+@job(tries=3, timeout=60, retry_after=90)
 def select_forever(key: str) -> None:
     """Loops on ``SELECT 1`` on its thread's connection and never checks for a cancel."""
     from django.db import connection
@@ -609,7 +609,7 @@ def select_forever(key: str) -> None:
             cursor.fetchone()
 
 
-@job(tries=3, timeout=60, retry_after=30)
+@job(tries=3, timeout=60, retry_after=90)
 def hold_queue_forever(key: str) -> None:
     """Puts and gets on the shared queue without end, so its mutex is held most of the time."""
     Attempt.objects.create(key=key, attempt=0)
@@ -618,7 +618,7 @@ def hold_queue_forever(key: str) -> None:
         _shared_queue.get()
 
 
-@job(takes_context=True, tries=1, retry_after=30)
+@job(takes_context=True, tries=1, retry_after=60)
 def use_what_a_stop_may_break(context: JobContext, key: str) -> None:
     """Uses the shared queue and the thread's connection, then records its run and whether
     it was given back before (a broken connection gives a job back)."""
