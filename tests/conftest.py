@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -10,11 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, connections
 
+from django_dbqueue import registry
 from django_dbqueue.execution import Defaults
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
 
@@ -229,3 +232,25 @@ def kill_other_connections() -> int:
                 if "Unknown thread id" not in str(exc):
                     raise
         return len(ids)
+
+
+@contextmanager
+def registered(module_name: str) -> Iterator[ModuleType]:
+    """The jobs of ``tests.testapp.<module_name>`` (its ``DEFINITIONS``), registered for one
+    test only: imported here, not at collection, where ``@job`` would register them for every
+    test (their queues would show in the other tests' checks and claims)."""
+    module = importlib.import_module(f"tests.testapp.{module_name}")
+    for definition in module.DEFINITIONS:
+        registry.register(definition)
+    try:
+        yield module
+    finally:
+        for definition in module.DEFINITIONS:
+            registry.unregister(definition.name)
+
+
+@pytest.fixture
+def limits() -> Iterator[ModuleType]:
+    """The jobs of tests/testapp/limit_jobs.py (concurrency keys and rate limits), for one test."""
+    with registered("limit_jobs") as module:
+        yield module

@@ -14,21 +14,19 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import ModuleType
 from typing import Any
 
 import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
-from django_dbqueue import registry
 from django_dbqueue.chains import new_job
 from django_dbqueue.claims import claim
 from django_dbqueue.db import DbNow
 from django_dbqueue.models import INVALID_ROW_CLASS, FailedJob, FlowLimit, Job
 from django_dbqueue.validation import ROW_BOUNDS, row_error
 from tests.conftest import wait_until
-from tests.testapp import jobs, limit_jobs
+from tests.testapp import jobs
 from tests.testapp.models import Run
 
 REFUSED = (IntegrityError, DataError)
@@ -226,17 +224,6 @@ def test_expired_compares_the_lease_in_sql_and_reads_only_expired_rows():
     assert {fresh.pk, long_lease.pk}.isdisjoint(Job.objects.get_queryset().expired().values_list("pk", flat=True))
 
 
-@pytest.fixture
-def limits() -> Iterator[ModuleType]:
-    for definition in limit_jobs.DEFINITIONS:
-        registry.register(definition)
-    try:
-        yield limit_jobs
-    finally:
-        for definition in limit_jobs.DEFINITIONS:
-            registry.unregister(definition.name)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_an_unreadable_rate_limit_fails_that_row_in_the_claim_and_the_others_are_claimed(limits):
     for n in range(3):
@@ -248,7 +235,7 @@ def test_an_unreadable_rate_limit_fails_that_row_in_the_claim_and_the_others_are
     deadline = time.monotonic() + 10
     # The bucket (20/s, burst 2) lets two start at once, the third a tenth of a second later.
     while len(claimed) < 3 and time.monotonic() < deadline:
-        claimed += claim("default", [limit_jobs.RATE_QUEUE], 10, "w")
+        claimed += claim("default", [limits.RATE_QUEUE], 10, "w")
         time.sleep(0.02)
     assert len(claimed) == 3 and not set(bad) & {job.pk for job in claimed}
     failed = FailedJob.objects.filter(job_id__in=bad)
@@ -282,7 +269,7 @@ def test_a_worker_runs_three_rate_limited_jobs_beside_unreadable_rate_rows_and_e
     bad = [limits.rated.enqueue(10 + n).id for n in range(2)]
     Job.objects.filter(pk=bad[0]).update(rate_limit="100 per minute")
     Job.objects.filter(pk=bad[1]).update(rate_limit="1/0/1")
-    worker = worker_process("--queue", limit_jobs.RATE_QUEUE, "--sleep", "0.1", env={"DBQUEUE_TEST_LIMITS": "1"})
+    worker = worker_process("--queue", limits.RATE_QUEUE, "--sleep", "0.1", env={"DBQUEUE_TEST_LIMITS": "1"})
     wait_until(lambda: Run.objects.count() == 3 and FailedJob.objects.count() == 2, 30, worker.output())
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output()

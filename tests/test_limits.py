@@ -14,9 +14,8 @@ import json
 import random
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,19 +29,6 @@ from tests.conftest import WorkerProcess, wait_until
 from tests.testapp.models import Attempt, Run
 
 WORKER_ENV = {"DBQUEUE_TEST_LIMITS": "1"}
-
-
-@pytest.fixture
-def limits() -> Iterator[ModuleType]:
-    """The jobs of tests/testapp/limit_jobs.py, registered for one test only (their queues
-    would show in the other tests' checks, see the module's docstring)."""
-    from tests.testapp import limit_jobs
-
-    for definition in limit_jobs.DEFINITIONS:
-        registry.register(definition)
-    yield limit_jobs
-    for definition in limit_jobs.DEFINITIONS:
-        registry.unregister(definition.name)
 
 
 def start_workers(

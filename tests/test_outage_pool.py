@@ -31,14 +31,14 @@ from types import ModuleType
 import pytest
 from django.db import OperationalError, connection
 
-from django_dbqueue import enqueue_many, registry, workers
+from django_dbqueue import enqueue_many, workers
 from django_dbqueue.conf import get as setting
 from django_dbqueue.db import DbNow
 from django_dbqueue.execution import Defaults, Outcome
 from django_dbqueue.models import FailedJob, Job, QueueWorker
 from django_dbqueue.pool import LAST_RESORT_SLACK, Pool, Run
 from django_dbqueue.worker import EXIT_TIMED_OUT, Worker, WorkerOptions
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, registered, wait_until
 from tests.network import Forwarder
 from tests.testapp import jobs
 
@@ -48,18 +48,6 @@ WORKERS = 3
 THREADS = 8
 # Each run sleeps this long: a drain of several seconds, so runs are in flight when the outage begins.
 RUN_SECONDS = 0.1
-
-
-@pytest.fixture
-def outage_jobs() -> Iterator[ModuleType]:
-    """The jobs of tests/testapp/outage_jobs.py, registered for this test only."""
-    from tests.testapp import outage_jobs
-
-    for definition in outage_jobs.DEFINITIONS:
-        registry.register(definition)
-    yield outage_jobs
-    for definition in outage_jobs.DEFINITIONS:
-        registry.unregister(definition.name)
 
 
 def runs(path: Path) -> collections.Counter[int]:
@@ -288,3 +276,10 @@ def test_a_job_that_runs_past_its_timeout_during_an_outage_is_stopped_and_its_wo
     assert (tmp_path / "runs").read_text() == "0\n"
     assert not Job.objects.exists()
     assert "Timeout (" not in worker.output()
+
+
+@pytest.fixture
+def outage_jobs() -> Iterator[ModuleType]:
+    """The jobs of tests/testapp/outage_jobs.py, registered for this test only."""
+    with registered("outage_jobs") as module:
+        yield module

@@ -10,31 +10,16 @@ stops with them still there (docs/flow.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from types import ModuleType
-
 import pytest
 from django.db.models import F
 
-from django_dbqueue import claims, enqueue_many, registry
+from django_dbqueue import claims, enqueue_many
 from django_dbqueue.db import DbNow
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.worker import StopReason
 from tests.conftest import run_worker
 from tests.testapp import jobs
 from tests.testapp.models import Run
-
-
-@pytest.fixture
-def limits() -> Iterator[ModuleType]:
-    """The jobs of tests/testapp/limit_jobs.py, registered for one test only."""
-    from tests.testapp import limit_jobs
-
-    for definition in limit_jobs.DEFINITIONS:
-        registry.register(definition)
-    yield limit_jobs
-    for definition in limit_jobs.DEFINITIONS:
-        registry.unregister(definition.name)
 
 
 @pytest.mark.acceptance
