@@ -247,7 +247,7 @@ class JobTimer:
         assert self._on_stuck is not None and reason is not None
         try:
             self._on_stuck(prepared, reason)
-        except BaseException:  # faulthandler ends the process anyway
+        except Exception:  # faulthandler ends the process anyway
             logger.exception("job=%s id=%s: its outcome could not be recorded", prepared.job.name, prepared.job.pk)
 
 
