@@ -121,6 +121,14 @@ class JobTimer:
         self._hard_stop_at = 0.0
 
     def __enter__(self) -> JobTimer:
+        # The thread starts with the worker, not with its first job: creating a thread
+        # blocks every signal in the creating thread for a moment, and a stop signal
+        # that arrives then goes to another thread, which cannot wake the main thread
+        # from a job's sleep (the suspected cause of a first SIGTERM, seen once in CI,
+        # that was not handled until the job ended).
+        with self._lock:
+            self._closed = False
+            self._wake_for(math.inf)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -209,8 +217,8 @@ class JobTimer:
         self._hard_stop_at = at
 
     def _wake_for(self, at: float) -> None:
-        # Under the lock. The thread starts with the first deadline.
-        if self._thread is None:
+        # Under the lock. The thread starts when the timer is entered (again after it ended).
+        if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._watch, name="dbqueue-timer", daemon=True)
             self._thread.start()
         elif at < self._sleeping_until:
