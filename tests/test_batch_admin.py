@@ -13,7 +13,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from django_dbqueue import batch, batch_admin, batches
+from django_dbqueue import batch, batches
+from django_dbqueue.admin import batches as batch_admin
 from django_dbqueue.models import FailedJob, FailedJobQuerySet, Job, JobBatch
 from tests.test_browser import live_url, page, screenshot_path  # noqa: F401  (fixtures)
 from tests.testapp import jobs

@@ -19,8 +19,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dbqueue import charts, dashboard, history, pauses, workers
-from django_dbqueue.dashboard import DAY, HOUR
+from django_dbqueue import history, pauses, workers
+from django_dbqueue.admin import charts, dashboard
+from django_dbqueue.admin.dashboard import DAY, HOUR
 from django_dbqueue.models import Job, JobHistory, QueueWorker
 from django_dbqueue.operations import read_alias
 from tests.conftest import run_worker

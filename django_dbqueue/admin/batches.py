@@ -1,4 +1,4 @@
-"""The batches' admin page: counts, state and progress; cancel a batch, retry its failed members.
+"""The batches' page: counts, state and progress; cancel a batch, retry its failed members.
 
 A batch row is written only by batches.py (its counters move with its members'
 outcomes), so the page is read-only. A finished batch may be deleted, as
@@ -17,15 +17,16 @@ from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from . import batches, operations
-from .models import FailedJob, Job, JobBatch
+from .. import batches, operations
+from ..models import FailedJob, Job, JobBatch
+from .base import GoneError, ReadOnlyAdmin
 
 # Failed members listed on a batch's page, each linked to its failed job; the
 # failed job list (filtered by batch) shows them all.
@@ -45,13 +46,18 @@ UNFINISHED_REFUSAL = (
     "and delete it once its running members have ended."
 )
 
+# Each value of ``JobBatch.state``: its label in the list filter and its rows in SQL.
 STATES = {
-    "running": Q(cancelled_at__isnull=True, finished_at__isnull=True),
-    "finished": Q(cancelled_at__isnull=True, finished_at__isnull=False, failed=0),
-    "failed": Q(cancelled_at__isnull=True, finished_at__isnull=False, failed__gt=0),
-    "cancelling": Q(cancelled_at__isnull=False, finished_at__isnull=True),
-    "cancelled": Q(cancelled_at__isnull=False, finished_at__isnull=False),
+    "running": ("running", Q(cancelled_at__isnull=True, finished_at__isnull=True)),
+    "finished": ("finished", Q(cancelled_at__isnull=True, finished_at__isnull=False, failed=0)),
+    "failed": (
+        "failed (finished, some members failed)",
+        Q(cancelled_at__isnull=True, finished_at__isnull=False, failed__gt=0),
+    ),
+    "cancelling": ("cancelling (members still running)", Q(cancelled_at__isnull=False, finished_at__isnull=True)),
+    "cancelled": ("cancelled", Q(cancelled_at__isnull=False, finished_at__isnull=False)),
 }
+RUNNING = STATES["running"][1]
 
 
 class BatchStateFilter(admin.SimpleListFilter):
@@ -59,17 +65,11 @@ class BatchStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [
-            ("running", "running"),
-            ("finished", "finished"),
-            ("failed", "failed (finished, some members failed)"),
-            ("cancelling", "cancelling (members still running)"),
-            ("cancelled", "cancelled"),
-        ]
+        return [(value, label) for value, (label, _) in STATES.items()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> QuerySet[JobBatch]:
         value = self.value()
-        return queryset.filter(STATES[value]) if value in STATES else queryset
+        return queryset.filter(STATES[value][1]) if value in STATES else queryset
 
 
 def retry_members(batch_id: int) -> int | None:
@@ -109,9 +109,7 @@ def progress_bar(batch: JobBatch) -> str:
     )
 
 
-class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Batches: counts, state and progress; cancel, retry failed members; delete finished ones."""
-
+class JobBatchAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "name",
@@ -135,36 +133,17 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ("Callbacks", {"fields": ["callbacks_summary"]}),
         ("Times", {"fields": [("created_at", "finished_at", "cancelled_at")]}),
     ]
-    readonly_fields = [
-        "id",
-        "name",
-        "state",
-        "progress",
-        "allow_failures",
-        "total",
-        "succeeded",
-        "failed",
-        "cancelled",
-        "pending",
-        "callbacks_summary",
-        "created_at",
-        "finished_at",
-        "cancelled_at",
-    ]
+    # No readonly_fields: a user who may not change a row (no one may) sees the fieldsets read-only.
     actions = ["cancel_selected", "retry_failed_selected", "delete_selected"]
     change_form_template = "admin/django_dbqueue/jobbatch/change_form.html"
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Only a finished batch may be deleted (see the module's docstring)."""
-        if obj is not None and obj.finished_at is None:
-            return False
-        return super().has_delete_permission(request, obj)
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("<int:pk>/cancel/", view(require_POST(self.cancel_view)), name="django_dbqueue_jobbatch_cancel"),
+            path("<int:pk>/retry/", view(require_POST(self.retry_view)), name="django_dbqueue_jobbatch_retry"),
+            *super().get_urls(),
+        ]
 
     # -- columns -------------------------------------------------------------------
 
@@ -196,7 +175,7 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ]
         return format_html_join("", "<div><b>{}</b>: {}</div>", rows) if rows else "-"
 
-    # -- permissions of the operations ---------------------------------------------
+    # -- cancel and retry --------------------------------------------------------------
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_dbqueue.cancel_batch")
@@ -208,114 +187,58 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         failed_admin = self.admin_site.get_model_admin(FailedJob)
         return bool(getattr(failed_admin, "has_retry_permission", lambda request: False)(request))
 
-    # -- actions -------------------------------------------------------------------
-
     @admin.action(description="Cancel selected batches (waiting members are deleted)", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
-        open_ids = list(JobBatch.objects.filter(STATES["running"], pk__in=ids).values_list("pk", flat=True))
+        open_ids = list(JobBatch.objects.filter(RUNNING, pk__in=ids).values_list("pk", flat=True))
         deleted = sum(batches.cancel(pk) for pk in open_ids)
         if open_ids:
             count = len(open_ids)
             message = ngettext("%d batch was cancelled", "%d batches were cancelled", count) % count
-            message += (
-                ngettext(
-                    ": %d waiting member was deleted; running members finish.",
-                    ": %d waiting members were deleted; running members finish.",
-                    deleted,
-                )
-                % deleted
+            message += ngettext(
+                ": %d waiting member was deleted; running members finish.",
+                ": %d waiting members were deleted; running members finish.",
+                deleted,
             )
-            self.message_user(request, message, messages.SUCCESS)
-        if len(ids) > len(open_ids):
-            closed = len(ids) - len(open_ids)
+            messages.success(request, message % deleted)
+        if closed := len(ids) - len(open_ids):
             message = ngettext(
                 "%d batch was cancelled or finished already.", "%d batches were cancelled or finished already.", closed
             )
-            self.message_user(request, message % closed, messages.WARNING)
+            messages.warning(request, message % closed)
 
     @admin.action(description="Retry failed members of selected batches", permissions=["retry"])
     def retry_failed_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
-        ids = list(queryset.values_list("pk", flat=True))
-        outcomes = {pk: retry_members(pk) for pk in ids}
-        retried = {pk: count for pk, count in outcomes.items() if count is not None}
+        outcomes = {pk: retry_members(pk) for pk in queryset.values_list("pk", flat=True)}
+        retried = [count for count in outcomes.values() if count is not None]
         cancelled = sorted(pk for pk, count in outcomes.items() if count is None)
-        count, reopened = sum(retried.values()), sum(1 for n in retried.values() if n)
+        count, reopened = sum(retried), sum(1 for n in retried if n)
         if count:
             members = ngettext("%d failed member", "%d failed members", count) % count
             of = ngettext("%d batch", "%d batches", reopened) % reopened
             verb = ngettext("was", "were", count)
-            self.message_user(request, f"{members} of {of} {verb} put back on the queue.", messages.SUCCESS)
+            messages.success(request, f"{members} of {of} {verb} put back on the queue.")
         elif not cancelled:
-            self.message_user(request, "The selected batches have no failed members to retry.", messages.WARNING)
+            messages.warning(request, "The selected batches have no failed members to retry.")
         if cancelled:
-            names = ", ".join(map(str, cancelled))
-            self.message_user(request, f"Not retried: batch {names}: {CANCELLED_REFUSAL}", messages.WARNING)
-
-    @admin.action(description="Delete selected finished batches", permissions=["delete"])
-    def delete_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> HttpResponse | None:
-        """Delete the selected batches that have finished, after a confirmation page; refuse the others."""
-        finished = queryset.filter(finished_at__isnull=False)
-        if not request.POST.get("post"):
-            unfinished = queryset.filter(finished_at__isnull=True).count()
-            if unfinished:
-                message = ngettext("%d batch is not deleted: ", "%d batches are not deleted: ", unfinished)
-                self.message_user(request, message % unfinished + UNFINISHED_REFUSAL, messages.ERROR)
-        if not finished.exists():
-            return None
-        response: HttpResponse | None = admin_actions.delete_selected(self, request, finished)
-        return response
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
-        # The filter runs again in the DELETE: a batch reopened by a retry meanwhile stays.
-        queryset.filter(finished_at__isnull=False).delete()
-
-    def delete_model(self, request: HttpRequest, obj: JobBatch) -> None:
-        deleted, _ = JobBatch.objects.filter(pk=obj.pk, finished_at__isnull=False).delete()
-        if not deleted:
-            # Raised inside the delete view's transaction, so its log entry is rolled back.
-            raise _Reopened
-
-    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except _Reopened:
-            self.message_user(request, f"Batch {object_id} was not deleted: {UNFINISHED_REFUSAL}", messages.ERROR)
-            return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_change", args=[unquote(object_id)]))
-
-    # -- the change page and its buttons ----------------------------------------------
-
-    def get_urls(self) -> list[Any]:
-        return [
-            path(
-                "<int:pk>/cancel/",
-                self.admin_site.admin_view(require_POST(self.cancel_view)),
-                name="django_dbqueue_jobbatch_cancel",
-            ),
-            path(
-                "<int:pk>/retry/",
-                self.admin_site.admin_view(require_POST(self.retry_view)),
-                name="django_dbqueue_jobbatch_retry",
-            ),
-            *super().get_urls(),
-        ]
+            messages.warning(request, f"Not retried: batch {', '.join(map(str, cancelled))}: {CANCELLED_REFUSAL}")
 
     def cancel_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         if not self.has_cancel_permission(request):
             raise PermissionDenied
         if not JobBatch.objects.filter(pk=pk).exists():
             return self._gone(request, pk)
-        if JobBatch.objects.filter(STATES["running"], pk=pk).exists():
+        if JobBatch.objects.filter(RUNNING, pk=pk).exists():
             deleted = batches.cancel(pk)
             message = ngettext(
                 "Batch %(pk)d was cancelled: %(count)d waiting member was deleted; running members finish.",
                 "Batch %(pk)d was cancelled: %(count)d waiting members were deleted; running members finish.",
                 deleted,
-            ) % {"pk": pk, "count": deleted}
-            self.message_user(request, message, messages.SUCCESS)
+            )
+            messages.success(request, message % {"pk": pk, "count": deleted})
         else:
-            self.message_user(request, f"Batch {pk} was cancelled or finished already.", messages.WARNING)
-        return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_change", args=[pk]))
+            messages.warning(request, f"Batch {pk} was cancelled or finished already.")
+        return self.redirect("jobbatch_change", pk)
 
     def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         if not self.has_retry_permission(request):
@@ -324,47 +247,82 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return self._gone(request, pk)
         count = retry_members(pk)
         if count is None:
-            self.message_user(request, f"Batch {pk} was not retried: {CANCELLED_REFUSAL}", messages.WARNING)
+            messages.warning(request, f"Batch {pk} was not retried: {CANCELLED_REFUSAL}")
         elif count:
             message = ngettext(
                 "%(count)d failed member of batch %(pk)d was put back on the queue.",
                 "%(count)d failed members of batch %(pk)d were put back on the queue.",
                 count,
-            ) % {"count": count, "pk": pk}
-            self.message_user(request, message, messages.SUCCESS)
+            )
+            messages.success(request, message % {"count": count, "pk": pk})
         else:
-            self.message_user(request, f"Batch {pk} has no failed members to retry.", messages.WARNING)
-        return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_change", args=[pk]))
+            messages.warning(request, f"Batch {pk} has no failed members to retry.")
+        return self.redirect("jobbatch_change", pk)
 
     def _gone(self, request: HttpRequest, pk: int) -> HttpResponse:
-        self.message_user(request, f"Batch {pk} no longer exists.", messages.WARNING)
-        return HttpResponseRedirect(reverse("admin:django_dbqueue_jobbatch_changelist"))
+        messages.warning(request, f"Batch {pk} no longer exists.")
+        return self.redirect("jobbatch_changelist")
+
+    # -- delete: only a finished batch (see the module's docstring) -----------------------
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.finished_at is None:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    @admin.action(description="Delete selected finished batches", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> HttpResponse | None:
+        """Delete the selected batches that have finished, after a confirmation page; refuse the others."""
+        finished = queryset.filter(finished_at__isnull=False)
+        unfinished = 0 if request.POST.get("post") else queryset.filter(finished_at__isnull=True).count()
+        if unfinished:
+            message = ngettext("%d batch is not deleted: ", "%d batches are not deleted: ", unfinished)
+            messages.error(request, message % unfinished + UNFINISHED_REFUSAL)
+        response: HttpResponse | None = None
+        if finished.exists():
+            response = admin_actions.delete_selected(self, request, finished)
+        return response
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
+        # The filter runs again in the DELETE: a batch reopened by a retry meanwhile stays.
+        queryset.filter(finished_at__isnull=False).delete()
+
+    def delete_model(self, request: HttpRequest, obj: JobBatch) -> None:
+        if not JobBatch.objects.filter(pk=obj.pk, finished_at__isnull=False).delete()[0]:
+            raise GoneError
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except GoneError:
+            messages.error(request, f"Batch {object_id} was not deleted: {UNFINISHED_REFUSAL}")
+            return self.redirect("jobbatch_change", unquote(object_id))
+
+    # -- the change page: the batch's members ----------------------------------------------
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """Add the batch's members: waiting and running ones (the job list), failed ones (the failed job list)."""
         batch = self.get_object(request, unquote(object_id))
-        extra: dict[str, Any] = {**(extra_context or {})}
-        if batch is not None:
-            extra.update(self._members_context(request, batch))
+        extra = {**(extra_context or {}), **(self._members_context(request, batch) if batch is not None else {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
     def _members_context(self, request: HttpRequest, batch: JobBatch) -> dict[str, Any]:
+        """The batch's waiting and running members (in the job list), its failed ones (in the failed job list)."""
         by_batch = urlencode({"batch_id": batch.pk})
+        may_retry = self.has_retry_permission(request) and batch.failed > 0
         context: dict[str, Any] = {
             "can_cancel": self.has_cancel_permission(request) and batch.state == "running",
-            "can_retry": self.has_retry_permission(request) and batch.failed > 0 and batch.cancelled_at is None,
+            "can_retry": may_retry and batch.cancelled_at is None,
             # Said where the button would be: a cancelled batch's failed members are retried one by one.
-            "retry_refusal": CANCELLED_REFUSAL
-            if self.has_retry_permission(request) and batch.failed > 0 and batch.cancelled_at is not None
-            else "",
-            "show_jobs": self._may_view(request, Job),
-            "show_failed": self._may_view(request, FailedJob),
+            "retry_refusal": CANCELLED_REFUSAL if may_retry and batch.cancelled_at is not None else "",
+            "show_jobs": self.may_view(request, Job),
+            "show_failed": self.may_view(request, FailedJob),
         }
         if context["show_jobs"]:
+            members = Job.objects.filter(batch_id=batch.pk)
             context.update(
-                Job.objects.filter(batch_id=batch.pk).aggregate(
+                members.aggregate(
                     waiting=Count("pk", filter=Q(reserved_at__isnull=True)),
                     running=Count("pk", filter=Q(reserved_at__isnull=False)),
                 )
@@ -372,22 +330,8 @@ class JobBatchAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             context["jobs_url"] = f"{reverse('admin:django_dbqueue_job_changelist')}?{by_batch}"
         if context["show_failed"]:
             failed = FailedJob.objects.filter(batch_id=batch.pk).order_by("id")
-            context["failed_members"] = list(
-                failed.only("id", "name", "exception_class", "failed_at")[:FAILED_MEMBERS_SHOWN]
-            )
-            context["failed_count"] = (
-                len(context["failed_members"])
-                if len(context["failed_members"]) < FAILED_MEMBERS_SHOWN
-                else failed.count()
-            )
+            shown = list(failed.only("id", "name", "exception_class", "failed_at")[:FAILED_MEMBERS_SHOWN])
+            context["failed_members"] = shown
+            context["failed_count"] = len(shown) if len(shown) < FAILED_MEMBERS_SHOWN else failed.count()
             context["failed_url"] = f"{reverse('admin:django_dbqueue_failedjob_changelist')}?{by_batch}"
         return context
-
-    def _may_view(self, request: HttpRequest, model: type[Job] | type[FailedJob]) -> bool:
-        if self.admin_site.is_registered(model):
-            return bool(self.admin_site.get_model_admin(model).has_view_permission(request))
-        return False
-
-
-class _Reopened(Exception):
-    """A batch chosen for deletion was reopened by a retry before the DELETE ran."""

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.contrib.admin import ModelAdmin
 from django.core.exceptions import PermissionDenied
 from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
@@ -29,11 +28,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from . import history, workers
+from .. import history, workers
+from ..db import DbNow
+from ..models import FailedJob, JobHistory, QueueWorker
+from ..operations import QueueStats, queue_overview, read_alias
+from .base import ReadOnlyAdmin
 from .charts import Series, bar_chart, sparkline
-from .db import DbNow
-from .models import FailedJob, JobHistory, QueueWorker
-from .operations import QueueStats, queue_overview, read_alias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Point:
 
 
 def sum_points(points: Iterable[Point]) -> Point:
-    """One point with the counts of ``points`` (its start: the first one's)."""
+    """One point with the counts of ``points``, starting at the first one's start."""
     points = list(points)
     return Point(
         points[0].start if points else datetime.fromtimestamp(0, tz=UTC),
@@ -113,13 +113,8 @@ class RunTimes:
     @classmethod
     def of(cls, totals: history.Totals) -> RunTimes:
         runs = totals.ended
-        return cls(
-            runs,
-            totals.failed + totals.retried,
-            _percentile(totals, 0.5),
-            _percentile(totals, 0.95),
-            totals.run_time / runs if runs else None,
-        )
+        mean = totals.run_time / runs if runs else None
+        return cls(runs, totals.failed + totals.retried, _percentile(totals, 0.5), _percentile(totals, 0.95), mean)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +260,6 @@ def series_by_queue(window: Window, now: datetime) -> dict[str, list[Point]]:
 
 
 def totals_by_queue(since: datetime) -> dict[str, Point]:
-    """Runs that ended since ``since``, per queue."""
     rows = _history(since, None, ["queue"], _COUNTS)
     return {row["queue"]: Point(since, row["succeeded"], row["failed"], row["retried"]) for row in rows}
 
@@ -393,43 +387,37 @@ class ChartPair:
     total: Point
 
 
+def _succeeded(points: Sequence[Point]) -> list[Series]:
+    return [Series("succeeded", "ok", [point.succeeded for point in points])]
+
+
+def _failures(points: Sequence[Point]) -> list[Series]:
+    return [
+        Series("failed", "failed", [point.failed for point in points]),
+        Series("retried", "retried", [point.retried for point in points]),
+    ]
+
+
 def charts(window: Window, points: Sequence[Point], *, failures: bool = True) -> ChartPair:
     """The succeeded chart and, with ``failures``, the failures chart (failed and retried, stacked) of ``points``."""
     labels, ticks = _labels(window, points)
     unit = "minute" if window.step == timedelta(minutes=1) else f"{window.step.total_seconds() / 60:.0f} minutes"
-    succeeded = bar_chart(
-        labels,
-        [Series("succeeded", "ok", [point.succeeded for point in points])],
-        title=f"Succeeded per {unit}, {window.title.split(',')[0].lower()}",
-        ticks=ticks,
-    )
+    period = window.title.split(",")[0].lower()
+    succeeded = bar_chart(labels, _succeeded(points), title=f"Succeeded per {unit}, {period}", ticks=ticks)
     failed = None
     if failures:
-        failed = bar_chart(
-            labels,
-            [
-                Series("failed", "failed", [point.failed for point in points]),
-                Series("retried", "retried", [point.retried for point in points]),
-            ],
-            title=f"Failed and retried per {unit}, {window.title.split(',')[0].lower()}",
-            ticks=ticks,
-            empty="No failures",
-        )
+        title = f"Failed and retried per {unit}, {period}"
+        failed = bar_chart(labels, _failures(points), title=title, ticks=ticks, empty="No failures")
     return ChartPair(window, succeeded, failed, sum_points(points))
 
 
 def spark(points: Sequence[Point], queue: str, *, failures: bool = True) -> SafeString:
     """The queue's last hour; its failed and retried runs stacked on the successes only with ``failures``."""
-    layers = [Series("succeeded", "ok", [point.succeeded for point in points])]
-    if failures:
-        layers += [
-            Series("failed", "failed", [point.failed for point in points]),
-            Series("retried", "retried", [point.retried for point in points]),
-        ]
+    layers = _succeeded(points) + (_failures(points) if failures else [])
     return sparkline(layers, title=f"Queue {queue}, last hour per minute")
 
 
-def view_for(model_admin: ModelAdmin[Any]) -> Callable[[HttpRequest], HttpResponse]:
+def view_for(model_admin: ReadOnlyAdmin) -> Callable[[HttpRequest], HttpResponse]:
     """The dashboard view of the job admin ``model_admin``: for users who may view jobs
     (as the overview's job counts); every count of failures (failed jobs kept, runs that
     failed or were retried, and what adds up to them) only with view_failedjob, as on the overview."""
@@ -438,7 +426,7 @@ def view_for(model_admin: ModelAdmin[Any]) -> Callable[[HttpRequest], HttpRespon
         if not model_admin.has_view_permission(request):
             raise PermissionDenied
         site = model_admin.admin_site
-        show_failed = site.is_registered(FailedJob) and site.get_model_admin(FailedJob).has_view_permission(request)
+        show_failed = model_admin.may_view(request, FailedJob)
         queue = request.GET.get("queue") or None
         data = gather(queue=queue)
         context = {

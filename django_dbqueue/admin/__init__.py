@@ -1,0 +1,16 @@
+"""The admin pages, a module each: jobs (with progress), failed jobs, batches, schedules, the queue
+overview and the dashboard (with its charts). Django autodiscovers this package; it registers them."""
+
+from django.contrib import admin
+
+from ..models import FailedJob, Job, JobBatch, JobProgress, ScheduleState
+from .batches import JobBatchAdmin
+from .failed import FailedJobAdmin
+from .jobs import JobAdmin, JobProgressAdmin
+from .schedules import ScheduleStateAdmin
+
+admin.site.register(Job, JobAdmin)
+admin.site.register(FailedJob, FailedJobAdmin)
+admin.site.register(JobProgress, JobProgressAdmin)
+admin.site.register(ScheduleState, ScheduleStateAdmin)
+admin.site.register(JobBatch, JobBatchAdmin)

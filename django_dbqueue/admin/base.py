@@ -1,0 +1,61 @@
+"""What the admin's pages share: read-only model admins whose change lists defer big texts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html
+
+from .. import payload
+
+
+class DeferringChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        queryset: QuerySet[Any] = super().get_queryset(request, exclude_parameters)
+        return queryset.defer(*getattr(self.model_admin, "changelist_defer", ()))
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A model admin for rows only the library writes: no add, no change form; actions and buttons change them."""
+
+    # Big texts no column shows, left out of the change list's query.
+    changelist_defer: Sequence[str] = ()
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeferringChangeList
+
+    def may_view(self, request: HttpRequest, model: type[Model]) -> bool:
+        """Whether the user may view ``model`` on this admin site (not if it is not registered)."""
+        site = self.admin_site
+        return site.is_registered(model) and bool(site.get_model_admin(model).has_view_permission(request))
+
+    def redirect(self, name: str, *args: Any) -> HttpResponse:
+        """Redirect to this site's page ``name`` (``job_change``, ``overview`` ...) of this app."""
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_dbqueue_{name}", args=args))
+
+
+def pretty_payload(text: str) -> str:
+    """A stored payload as indented JSON in a ``<pre>``; as stored when it is nested deeper than the
+    parser goes (a row written by raw SQL may be)."""
+    try:
+        return format_html("<pre>{}</pre>", payload.pretty(text))
+    except RecursionError:
+        return format_html("<pre>{}</pre>", text)
+
+
+class GoneError(Exception):
+    """A row chosen for deletion changed before the DELETE ran (a job was reserved, a batch reopened).
+
+    Raised inside the delete view's transaction, so its log entry is rolled back."""

@@ -1,0 +1,100 @@
+"""The failed jobs' pages: the dead-letter list with each error's last line, retry one or many."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.db.models.functions import Length, Right
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+from django.utils.html import format_html
+from django.utils.translation import ngettext
+from django.views.decorators.http import require_POST
+
+from ..models import FailedJob
+from ..operations import retry_failed
+from .base import ReadOnlyAdmin, pretty_payload
+
+# Characters of a failed job's error read for the change list's one-line
+# summary: the end of the traceback, where the exception line is.
+ERROR_TAIL = 1000
+
+
+class FailedJobAdmin(ReadOnlyAdmin):
+    list_display = ["id", "name", "queue", "attempts", "failed_at", "exception_class", "short_error"]
+    list_filter = ["queue", "name", "exception_class", "failed_at"]
+    # Not the error: a LIKE over every traceback is a full scan of the biggest column.
+    search_fields = ["name", "queue", "=id"]
+    changelist_defer = ["payload", "error"]
+    date_hierarchy = "failed_at"
+    fields = (
+        "id",
+        "job_id",
+        "name",
+        "queue",
+        "attempts",
+        "exception_class",
+        "created_at",
+        "failed_at",
+        "pretty_payload",
+        "traceback",
+    )
+    readonly_fields = fields
+    actions = ["retry_selected"]
+    change_form_template = "admin/django_dbqueue/failedjob/change_form.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[FailedJob]:
+        # The change list defers ``error``; its summary column reads only the end.
+        queryset: QuerySet[FailedJob] = super().get_queryset(request)
+        return queryset.annotate(error_tail=Right("error", ERROR_TAIL), error_length=Length("error"))
+
+    def get_urls(self) -> list[Any]:
+        retry = self.admin_site.admin_view(require_POST(self.retry_view))
+        return [path("<int:pk>/retry/", retry, name="django_dbqueue_failedjob_retry"), *super().get_urls()]
+
+    @admin.display(description="error")
+    def short_error(self, failed: FailedJob) -> str:
+        tail = getattr(failed, "error_tail", None)
+        if tail is None:
+            summary = failed.error_summary
+        else:
+            lines = [line.strip() for line in tail.splitlines() if line.strip()]
+            summary = lines[-1] if lines else ""
+            if len(lines) == 1 and failed.error_length > len(tail):  # type: ignore[attr-defined]
+                summary = "…" + summary  # the last line is longer than the tail read
+        return summary if len(summary) <= 120 else summary[:119] + "…"
+
+    @admin.display(description="payload")
+    def pretty_payload(self, failed: FailedJob) -> str:
+        return pretty_payload(failed.payload)
+
+    @admin.display(description="error")
+    def traceback(self, failed: FailedJob) -> str:
+        return format_html("<pre>{}</pre>", failed.error)
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perms(["django_dbqueue.change_failedjob", "django_dbqueue.add_job"])
+
+    @admin.action(description="Retry selected failed jobs", permissions=["retry"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[FailedJob]) -> None:
+        count = retry_failed(queryset)
+        message = ngettext("%d job was put back on the queue.", "%d jobs were put back on the queue.", count)
+        messages.success(request, message % count)
+
+    def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        if not self.has_retry_permission(request):
+            raise PermissionDenied
+        if FailedJob.objects.retry([pk]):
+            messages.success(request, f"Failed job {pk} was put back on the queue.")
+        else:
+            messages.warning(request, f"Failed job {pk} no longer exists.")
+        return self.redirect("failedjob_changelist")
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_retry": self.has_retry_permission(request)}
+        return super().change_view(request, object_id, form_url, extra_context=extra)
