@@ -1,10 +1,4 @@
-"""Mount with ``path("queue/", include("django_dbqueue.urls"))``.
-
-``progress/<key>/`` serves a user with the ``django_dbqueue.view_jobprogress``
-permission, or anyone who sends a progress token for that key
-(``django_dbqueue.progress_token(key)``) as ``Authorization: Bearer <token>``
-(or ``?token=``, which access logs keep).
-"""
+"""Mount with ``path("queue/", include("django_dbqueue.urls"))``: ``progress/<key>/``; views.py says who may see it."""
 
 from django.urls import path
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib import admin
@@ -13,6 +13,20 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from .. import payload
+
+
+class StateFilter(admin.SimpleListFilter):
+    """A list filter by state; ``states``: each value's label and what selects its rows."""
+
+    title = parameter_name = "state"
+    states: dict[str, tuple[str, Callable[[Any], QuerySet[Any]]]]
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, label) for value, (label, _) in self.states.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return self.states[value][1](queryset) if value in self.states else queryset
 
 
 class DeferringChangeList(ChangeList):

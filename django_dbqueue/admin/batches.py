@@ -26,7 +26,7 @@ from django.views.decorators.http import require_POST
 
 from .. import batches, operations
 from ..models import FailedJob, Job, JobBatch
-from .base import GoneError, ReadOnlyAdmin
+from .base import GoneError, ReadOnlyAdmin, StateFilter
 
 # Failed members listed on a batch's page, each linked to its failed job; the
 # failed job list (filtered by batch) shows them all.
@@ -46,30 +46,20 @@ UNFINISHED_REFUSAL = (
     "and delete it once its running members have ended."
 )
 
-# Each value of ``JobBatch.state``: its label in the list filter and its rows in SQL.
-STATES = {
-    "running": ("running", Q(cancelled_at__isnull=True, finished_at__isnull=True)),
-    "finished": ("finished", Q(cancelled_at__isnull=True, finished_at__isnull=False, failed=0)),
-    "failed": (
-        "failed (finished, some members failed)",
-        Q(cancelled_at__isnull=True, finished_at__isnull=False, failed__gt=0),
-    ),
-    "cancelling": ("cancelling (members still running)", Q(cancelled_at__isnull=False, finished_at__isnull=True)),
-    "cancelled": ("cancelled", Q(cancelled_at__isnull=False, finished_at__isnull=False)),
-}
-RUNNING = STATES["running"][1]
+RUNNING = Q(cancelled_at__isnull=True, finished_at__isnull=True)
+FINISHED = Q(cancelled_at__isnull=True, finished_at__isnull=False)
+CANCELLED = Q(cancelled_at__isnull=False)
 
 
-class BatchStateFilter(admin.SimpleListFilter):
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(value, label) for value, (label, _) in STATES.items()]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> QuerySet[JobBatch]:
-        value = self.value()
-        return queryset.filter(STATES[value][1]) if value in STATES else queryset
+class BatchStateFilter(StateFilter):
+    # Each value of ``JobBatch.state``, in SQL.
+    states = {
+        "running": ("running", lambda rows: rows.filter(RUNNING)),
+        "finished": ("finished", lambda rows: rows.filter(FINISHED, failed=0)),
+        "failed": ("failed (finished, some members failed)", lambda rows: rows.filter(FINISHED, failed__gt=0)),
+        "cancelling": ("cancelling (members still running)", lambda rows: rows.filter(CANCELLED, finished_at=None)),
+        "cancelled": ("cancelled", lambda rows: rows.filter(CANCELLED, finished_at__isnull=False)),
+    }
 
 
 def retry_members(batch_id: int) -> int | None:
@@ -110,6 +100,7 @@ def progress_bar(batch: JobBatch) -> str:
 
 
 class JobBatchAdmin(ReadOnlyAdmin):
+    # state and succeeded: JobBatch's properties.
     list_display = [
         "id",
         "name",
@@ -147,17 +138,9 @@ class JobBatchAdmin(ReadOnlyAdmin):
 
     # -- columns -------------------------------------------------------------------
 
-    @admin.display(description="state")
-    def state(self, batch: JobBatch) -> str:
-        return batch.state
-
     @admin.display(description="progress")
     def progress(self, batch: JobBatch) -> str:
         return progress_bar(batch)
-
-    @admin.display(description="succeeded")
-    def succeeded(self, batch: JobBatch) -> int:
-        return batch.succeeded
 
     @admin.display(description="callbacks")
     def callbacks_summary(self, batch: JobBatch) -> str:

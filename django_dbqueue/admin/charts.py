@@ -32,14 +32,25 @@ def nice_ceiling(value: float) -> int:
     if value <= 1:
         return 1
     power = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 3, 4, 5, 6, 8, 10):
-        if step * power >= value:
-            return int(step * power)
-    return int(10 * power)  # pragma: no cover (the loop always returns)
+    return int(next(step * power for step in (1, 2, 3, 4, 5, 6, 8, 10) if step * power >= value))
 
 
 def _number(value: float) -> str:
     return f"{value:.1f}".rstrip("0").rstrip(".")
+
+
+def _totals(series: Sequence[Series], count: int) -> list[float]:
+    return [sum(layer.values[index] for layer in series) for index in range(count)]
+
+
+def _opening(css: str, width: int, height: int, title: str, series: Sequence[Series]) -> list[str]:
+    """The ``<svg>`` tag and its title: the chart's title and each layer's sum, for tooltips and screen readers."""
+    label = escape(f"{title}: " + ", ".join(f"{sum(layer.values):g} {layer.label}" for layer in series))
+    return [
+        f'<svg class="{css}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="{label}" xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{label}</title>",
+    ]
 
 
 def bar_chart(
@@ -55,18 +66,13 @@ def bar_chart(
     """Draw stacked bars, one per label, with a y axis from 0 and the x labels of ``ticks``
     (bar index, text). Each bar's tooltip names its label and values."""
     count = len(labels)
-    totals = [sum(layer.values[index] for layer in series) for index in range(count)]
+    totals = _totals(series, count)
     top = nice_ceiling(max(totals, default=0))
     plot_width = width - LEFT - RIGHT
     plot_height = height - TOP - BOTTOM
     slot = plot_width / max(count, 1)
     gap = min(1.0, slot * 0.2)
-    summary = ", ".join(f"{sum(layer.values):g} {layer.label}" for layer in series)
-    parts = [
-        f'<svg class="dbq-chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'role="img" aria-label="{escape(title)}: {escape(summary)}" xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{escape(title)}: {escape(summary)}</title>",
-    ]
+    parts = _opening("dbq-chart", width, height, title, series)
     # A line half way only where it is a whole number of jobs.
     for fraction in (0.0, 0.5, 1.0) if top % 2 == 0 else (0.0, 1.0):
         y = TOP + plot_height * (1 - fraction)
@@ -113,16 +119,10 @@ def bar_chart(
 def sparkline(series: Sequence[Series], *, title: str, width: int = 120, height: int = 22) -> SafeString:
     """Draw small stacked bars without axes, scaled to their own highest bar."""
     count = len(series[0].values) if series else 0
-    totals = [sum(layer.values[index] for layer in series) for index in range(count)]
-    top = max(totals, default=0) or 1
+    top = max(_totals(series, count), default=0) or 1
     slot = width / max(count, 1)
-    summary = ", ".join(f"{sum(layer.values):g} {layer.label}" for layer in series)
-    parts = [
-        f'<svg class="dbq-spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'role="img" aria-label="{escape(title)}: {escape(summary)}" xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{escape(title)}: {escape(summary)}</title>",
-        f'<line class="dbq-baseline" x1="0" x2="{width}" y1="{height - 0.5}" y2="{height - 0.5}"/>',
-    ]
+    parts = _opening("dbq-spark", width, height, title, series)
+    parts.append(f'<line class="dbq-baseline" x1="0" x2="{width}" y1="{height - 0.5}" y2="{height - 0.5}"/>')
     for index in range(count):
         base = float(height)
         for layer in series:

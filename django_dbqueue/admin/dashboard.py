@@ -1,11 +1,12 @@
-"""The admin's queue dashboard: throughput and failures as charts, queue depth,
-run times per job name, the workers table and the paused queues.
+"""The queue pages of the admin: the overview (per queue the counts a user may see, Pause and
+Resume) and the dashboard (throughput and failures as charts, queue depth, run times per job
+name, the workers table and the paused queues).
 
 The figures come from the tables the workers keep (``JobHistory``, written with
 the heartbeat, see history.py; ``QueueWorker``, see workers.py) and from the
 queue counts of the overview (``operations.queue_overview``), read on
 ``operations.read_alias()`` in a handful of grouped queries, whatever the
-number of jobs. ``gather`` returns them all; the view only draws them.
+number of jobs. ``gather`` returns the dashboard's; the view only draws them.
 
 History buckets are minutes of the workers' clocks, so the charts' windows are
 read on this process's clock (hosts are expected to run NTP); a worker's age
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
@@ -28,12 +30,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from .. import history, workers
+from .. import history, pauses, workers
 from ..db import DbNow
 from ..models import FailedJob, JobHistory, QueueWorker
 from ..operations import QueueStats, queue_overview, read_alias
 from .base import ReadOnlyAdmin
 from .charts import Series, bar_chart, sparkline
+
+View = Callable[[HttpRequest], HttpResponse]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,9 @@ class Window:
 # Written where there is no figure.
 NOTHING = "\N{EN DASH}"
 
+_COUNTS = ("succeeded", "failed", "retried")
+_QUEUE_COUNTS = ("waiting", "delayed", "reserved", "failed", "blocked")
+
 HOUR = Window("hour", "Last hour, per minute", timedelta(hours=1), timedelta(minutes=1))
 DAY = Window("day", "Last 24 hours, per 10 minutes", timedelta(days=1), timedelta(minutes=10))
 
@@ -79,12 +86,8 @@ class Point:
 def sum_points(points: Iterable[Point]) -> Point:
     """One point with the counts of ``points``, starting at the first one's start."""
     points = list(points)
-    return Point(
-        points[0].start if points else datetime.fromtimestamp(0, tz=UTC),
-        sum(point.succeeded for point in points),
-        sum(point.failed for point in points),
-        sum(point.retried for point in points),
-    )
+    start = points[0].start if points else datetime.fromtimestamp(0, tz=UTC)
+    return Point(start, *(sum(getattr(point, name) for point in points) for name in _COUNTS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,15 +183,8 @@ class Dashboard:
         """The counts of the queue shown, or of all queues summed (the oldest waiting age: the largest)."""
         rows = [row.stats for row in self.queues if self.queue is None or row.stats.queue == self.queue]
         ages = [stats.oldest_waiting_seconds for stats in rows if stats.oldest_waiting_seconds is not None]
-        return QueueStats(
-            self.queue or "",
-            waiting=sum(stats.waiting for stats in rows),
-            delayed=sum(stats.delayed for stats in rows),
-            reserved=sum(stats.reserved for stats in rows),
-            failed=sum(stats.failed for stats in rows),
-            oldest_waiting_seconds=max(ages) if ages else None,
-            blocked=sum(stats.blocked for stats in rows),
-        )
+        counts = {name: sum(getattr(stats, name) for stats in rows) for name in _QUEUE_COUNTS}
+        return QueueStats(self.queue or "", oldest_waiting_seconds=max(ages, default=None), **counts)
 
     @property
     def paused(self) -> list[QueueStats]:
@@ -230,17 +226,13 @@ def _history(since: datetime, queue: str | None, by: Sequence[str], sums: Sequen
     ]
 
 
-_COUNTS = ("succeeded", "failed", "retried")
-
-
 def _binned(starts: Sequence[datetime], step: timedelta, rows: Iterable[dict[str, Any]]) -> list[Point]:
     """Add the minute rows to the bar they fall in; a minute after the last bar (a clock ahead) counts in it."""
     counts = [[0, 0, 0] for _ in starts]
     for row in rows:
-        index = min(max(int((row["bucket"] - starts[0]) / step), 0), len(starts) - 1)
-        counts[index][0] += row["succeeded"]
-        counts[index][1] += row["failed"]
-        counts[index][2] += row["retried"]
+        bar = counts[min(max(int((row["bucket"] - starts[0]) / step), 0), len(starts) - 1)]
+        for column, name in enumerate(_COUNTS):
+            bar[column] += row[name]
     return [Point(start, *count) for start, count in zip(starts, counts, strict=True)]
 
 
@@ -260,8 +252,10 @@ def series_by_queue(window: Window, now: datetime) -> dict[str, list[Point]]:
 
 
 def totals_by_queue(since: datetime) -> dict[str, Point]:
-    rows = _history(since, None, ["queue"], _COUNTS)
-    return {row["queue"]: Point(since, row["succeeded"], row["failed"], row["retried"]) for row in rows}
+    return {
+        row["queue"]: Point(since, *(row[name] for name in _COUNTS))
+        for row in _history(since, None, ["queue"], _COUNTS)
+    }
 
 
 def _totals_by_name(since: datetime, queue: str | None) -> dict[str, history.Totals]:
@@ -417,7 +411,7 @@ def spark(points: Sequence[Point], queue: str, *, failures: bool = True) -> Safe
     return sparkline(layers, title=f"Queue {queue}, last hour per minute")
 
 
-def view_for(model_admin: ReadOnlyAdmin) -> Callable[[HttpRequest], HttpResponse]:
+def view_for(model_admin: ReadOnlyAdmin) -> View:
     """The dashboard view of the job admin ``model_admin``: for users who may view jobs
     (as the overview's job counts); every count of failures (failed jobs kept, runs that
     failed or were retried, and what adds up to them) only with view_failedjob, as on the overview."""
@@ -450,3 +444,101 @@ def view_for(model_admin: ReadOnlyAdmin) -> Callable[[HttpRequest], HttpResponse
         return TemplateResponse(request, "admin/django_dbqueue/dashboard.html", context)
 
     return dashboard_view
+
+
+# -- the overview -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OverviewRow:
+    """One queue's counts as a user may see them: None where a count is hidden from that user."""
+
+    queue: str
+    waiting: int | None
+    delayed: int | None
+    reserved: int | None
+    failed: int | None
+    oldest_waiting_seconds: float | None
+    # When the queue was paused; None: it is not paused.
+    paused_at: datetime | None = None
+    blocked: int | None = None
+
+    @classmethod
+    def of(cls, stats: QueueStats, *, jobs: bool, failed: bool) -> OverviewRow:
+        return cls(
+            stats.queue,
+            stats.waiting if jobs else None,
+            stats.delayed if jobs else None,
+            stats.reserved if jobs else None,
+            stats.failed if failed else None,
+            stats.oldest_waiting_seconds if jobs else None,
+            stats.paused_at,
+            stats.blocked if jobs else None,
+        )
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
+def may_pause(request: HttpRequest) -> bool:
+    return request.user.has_perm("django_dbqueue.pause_queue")
+
+
+def overview_for(jobs: ReadOnlyAdmin) -> View:
+    """The overview of the job admin ``jobs``: job counts with view_job, failed counts with view_failedjob;
+    whether each queue is paused, with Pause and Resume buttons for users with pause_queue."""
+
+    def overview_view(request: HttpRequest) -> HttpResponse:
+        show_jobs = jobs.has_view_permission(request)
+        show_failed = jobs.may_view(request, FailedJob)
+        pause = may_pause(request)
+        if not (show_jobs or show_failed or pause):
+            raise PermissionDenied
+        rows = [
+            OverviewRow.of(stats, jobs=show_jobs, failed=show_failed)
+            for stats in queue_overview()
+            # A queue is listed only for a count the user may see, or for a user who may pause
+            # it, so its name alone tells nothing more.
+            if ((show_jobs or pause) and (stats.size or stats.paused)) or (show_failed and stats.failed)
+        ]
+        site = jobs.admin_site.name
+        context = {
+            **jobs.admin_site.each_context(request),
+            "title": "Queue overview",
+            "opts": jobs.model._meta,
+            "rows": rows,
+            "show_jobs": show_jobs,
+            "show_failed": show_failed,
+            "may_pause": pause,
+            "jobs_url": reverse(f"{site}:django_dbqueue_job_changelist") if show_jobs else "",
+            "failed_url": reverse(f"{site}:django_dbqueue_failedjob_changelist") if show_failed else "",
+        }
+        return TemplateResponse(request, "admin/django_dbqueue/overview.html", context)
+
+    return overview_view
+
+
+def pause_for(jobs: ReadOnlyAdmin, *, pause: bool) -> View:
+    """Pause (or resume) the queue named in the POST; only a queue something uses (``pauses.is_known``)."""
+
+    def pause_view(request: HttpRequest) -> HttpResponse:
+        if not may_pause(request):
+            raise PermissionDenied
+        queue = request.POST.get("queue", "")
+        try:
+            changed = pauses.pause(queue) if pause else pauses.resume(queue)
+        except ValueError as exc:
+            messages.error(request, f"Nothing was {'paused' if pause else 'resumed'}: {exc}.")
+        else:
+            if changed and pause:
+                messages.success(
+                    request, f"Paused queue '{queue}': workers claim none of its jobs until it is resumed."
+                )
+            elif changed:
+                messages.success(request, f"Resumed queue '{queue}'.")
+            else:
+                messages.warning(request, f"Queue '{queue}' was {'already' if pause else 'not'} paused.")
+        return jobs.redirect("overview")
+
+    return pause_view

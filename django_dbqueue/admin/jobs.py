@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -18,18 +17,9 @@ from django.views.decorators.http import require_POST
 from ..db import DbNow
 from ..models import Job, JobProgress, JobQuerySet, LeaseOver
 from ..operations import cancel_jobs, delete_unreserved, job_state, release_expired, run_now
-from . import dashboard, overview
-from .base import GoneError, ReadOnlyAdmin, pretty_payload
-
-# The states the job list filters by: its label and the named queryset of its jobs. The one place
-# to switch when models gets its one vocabulary of states.
-STATES: dict[str, tuple[str, Callable[[JobQuerySet], JobQuerySet]]] = {
-    "waiting": ("waiting", JobQuerySet.waiting),
-    "delayed": ("delayed", JobQuerySet.delayed),
-    "blocked": ("blocked (concurrency limit)", JobQuerySet.blocked),
-    "reserved": ("reserved", lambda jobs: jobs.reserved().filter(~LeaseOver())),
-    "expired": ("reservation expired", JobQuerySet.expired),
-}
+from . import dashboard
+from .base import GoneError, ReadOnlyAdmin, StateFilter, pretty_payload
+from .dashboard import pause_for
 
 RESERVED_REFUSAL = (
     "a worker has reserved it and may be running it. Deleting it would drop its outcome and, in a chain, "
@@ -37,16 +27,16 @@ RESERVED_REFUSAL = (
 )
 
 
-class StateFilter(admin.SimpleListFilter):
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(value, label) for value, (label, _) in STATES.items()]
-
-    def queryset(self, request: HttpRequest, queryset: JobQuerySet) -> QuerySet[Job]:  # type: ignore[override]
-        value = self.value()
-        return STATES[value][1](queryset) if value in STATES else queryset
+class JobStateFilter(StateFilter):
+    # Each state's label and the models' named queryset of its jobs: the one place to switch
+    # to the models' one vocabulary of states.
+    states = {
+        "waiting": ("waiting", JobQuerySet.waiting),
+        "delayed": ("delayed", JobQuerySet.delayed),
+        "blocked": ("blocked (concurrency limit)", JobQuerySet.blocked),
+        "reserved": ("reserved", lambda jobs: jobs.reserved().filter(~LeaseOver())),
+        "expired": ("reservation expired", JobQuerySet.expired),
+    }
 
 
 class JobAdmin(ReadOnlyAdmin):
@@ -61,31 +51,11 @@ class JobAdmin(ReadOnlyAdmin):
         "reserved_at",
         "reserved_by",
     ]
-    list_filter = [StateFilter, "queue"]
+    list_filter = [JobStateFilter, "queue"]
     search_fields = ["name", "queue", "=id", "=unique_key", "=concurrency_key"]
     changelist_defer = ["payload"]
-    readonly_fields = [
-        "id",
-        "name",
-        "queue",
-        "priority",
-        "attempts",
-        "max_tries",
-        "retry_after",
-        "timeout",
-        "available_at",
-        "reserved_at",
-        "reserved_by",
-        "created_at",
-        "unique_key",
-        "unique_until_start",
-        "concurrency_key",
-        "concurrency_limit",
-        "blocked",
-        "rate_key",
-        "rate_limit",
-        "pretty_payload",
-    ]
+    # Every column, in the model's order; the payload as indented JSON.
+    readonly_fields = [*(field.name for field in Job._meta.fields if field.name != "payload"), "pretty_payload"]
     exclude = ["payload"]
     actions = ["run_now", "release_expired", "cancel_selected", "cancel_selected_hard", "delete_selected"]
     change_list_template = "admin/django_dbqueue/job/change_list.html"
@@ -97,10 +67,10 @@ class JobAdmin(ReadOnlyAdmin):
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view
         return [
-            path("overview/", view(overview.view_for(self)), name="django_dbqueue_overview"),
+            path("overview/", view(dashboard.overview_for(self)), name="django_dbqueue_overview"),
             path("dashboard/", view(dashboard.view_for(self)), name="django_dbqueue_dashboard"),
-            path("overview/pause/", view(require_POST(overview.pause_for(self))), name="django_dbqueue_pause"),
-            path("overview/resume/", view(require_POST(overview.resume_for(self))), name="django_dbqueue_resume"),
+            path("overview/pause/", view(require_POST(pause_for(self, pause=True))), name="django_dbqueue_pause"),
+            path("overview/resume/", view(require_POST(pause_for(self, pause=False))), name="django_dbqueue_resume"),
             *super().get_urls(),
         ]
 
