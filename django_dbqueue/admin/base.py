@@ -69,6 +69,15 @@ def pretty_payload(text: str) -> str:
         return format_html("<pre>{}</pre>", text)
 
 
+def permission(*codenames: str) -> Callable[[Any, HttpRequest], bool]:
+    """A ``has_<action>_permission`` method: whether the user has each of this app's ``codenames``."""
+
+    def has_permission(self: Any, request: HttpRequest) -> bool:
+        return request.user.has_perms([f"django_dbqueue.{codename}" for codename in codenames])
+
+    return has_permission
+
+
 class GoneError(Exception):
     """A row chosen for deletion changed before the DELETE ran (a job was reserved, a batch reopened).
 

@@ -26,7 +26,7 @@ from django.views.decorators.http import require_POST
 
 from .. import batches, operations
 from ..models import FailedJob, Job, JobBatch
-from .base import GoneError, ReadOnlyAdmin, StateFilter
+from .base import GoneError, ReadOnlyAdmin, StateFilter, permission
 
 # Failed members listed on a batch's page, each linked to its failed job; the
 # failed job list (filtered by batch) shows them all.
@@ -71,34 +71,6 @@ def retry_members(batch_id: int) -> int | None:
     return operations.retry_failed(FailedJob.objects.filter(batch_id=batch_id), chunk_size=RETRY_CHUNK)
 
 
-def progress_bar(batch: JobBatch) -> str:
-    """A bar of the batch's ended members (succeeded, failed, cancelled) and the percent ended."""
-
-    def width(count: int) -> str:
-        return f"{100.0 * count / batch.total:.2f}" if batch.total else "0"
-
-    # Rounded down: a batch shows 100% only once every member ended.
-    percent = 100 if batch.pending == 0 else math.floor(batch.percent)
-    return format_html(
-        '<span class="dbqueue-batch-progress"'
-        ' style="display:inline-flex;align-items:center;gap:6px;white-space:nowrap">'
-        '<span role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}" title="{}"'
-        ' style="display:inline-flex;width:160px;height:12px;background:#e8e8e8;border-radius:3px;overflow:hidden">'
-        '<span class="succeeded" style="width:{}%;background:#417690"></span>'
-        '<span class="failed" style="width:{}%;background:#ba2121"></span>'
-        '<span class="cancelled" style="width:{}%;background:#999"></span></span>'
-        "<span>{}% ({}/{})</span></span>",
-        percent,
-        f"{batch.succeeded} succeeded, {batch.failed} failed, {batch.cancelled} cancelled, {batch.pending} pending",
-        width(batch.succeeded),
-        width(batch.failed),
-        width(batch.cancelled),
-        percent,
-        batch.done,
-        batch.total,
-    )
-
-
 class JobBatchAdmin(ReadOnlyAdmin):
     # state and succeeded: JobBatch's properties.
     list_display = [
@@ -136,11 +108,33 @@ class JobBatchAdmin(ReadOnlyAdmin):
             *super().get_urls(),
         ]
 
-    # -- columns -------------------------------------------------------------------
-
     @admin.display(description="progress")
     def progress(self, batch: JobBatch) -> str:
-        return progress_bar(batch)
+        """A bar of the batch's ended members (succeeded, failed, cancelled) and the percent ended."""
+
+        def width(count: int) -> str:
+            return f"{100.0 * count / batch.total:.2f}" if batch.total else "0"
+
+        # Rounded down: a batch shows 100% only once every member ended.
+        percent = 100 if batch.pending == 0 else math.floor(batch.percent)
+        return format_html(
+            '<span class="dbqueue-batch-progress"'
+            ' style="display:inline-flex;align-items:center;gap:6px;white-space:nowrap">'
+            '<span role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}" title="{}"'
+            ' style="display:inline-flex;width:160px;height:12px;background:#e8e8e8;border-radius:3px;overflow:hidden">'
+            '<span class="succeeded" style="width:{}%;background:#417690"></span>'
+            '<span class="failed" style="width:{}%;background:#ba2121"></span>'
+            '<span class="cancelled" style="width:{}%;background:#999"></span></span>'
+            "<span>{}% ({}/{})</span></span>",
+            percent,
+            f"{batch.succeeded} succeeded, {batch.failed} failed, {batch.cancelled} cancelled, {batch.pending} pending",
+            width(batch.succeeded),
+            width(batch.failed),
+            width(batch.cancelled),
+            percent,
+            batch.done,
+            batch.total,
+        )
 
     @admin.display(description="callbacks")
     def callbacks_summary(self, batch: JobBatch) -> str:
@@ -160,8 +154,7 @@ class JobBatchAdmin(ReadOnlyAdmin):
 
     # -- cancel and retry --------------------------------------------------------------
 
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_dbqueue.cancel_batch")
+    has_cancel_permission = permission("cancel_batch")
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         """The permission to retry failed jobs, as the failed jobs' admin checks it."""
@@ -177,13 +170,13 @@ class JobBatchAdmin(ReadOnlyAdmin):
         deleted = sum(batches.cancel(pk) for pk in open_ids)
         if open_ids:
             count = len(open_ids)
-            message = ngettext("%d batch was cancelled", "%d batches were cancelled", count) % count
-            message += ngettext(
+            cancelled = ngettext("%d batch was cancelled", "%d batches were cancelled", count) % count
+            members = ngettext(
                 ": %d waiting member was deleted; running members finish.",
                 ": %d waiting members were deleted; running members finish.",
                 deleted,
             )
-            messages.success(request, message % deleted)
+            messages.success(request, cancelled + members % deleted)
         if closed := len(ids) - len(open_ids):
             message = ngettext(
                 "%d batch was cancelled or finished already.", "%d batches were cancelled or finished already.", closed

@@ -242,22 +242,6 @@ def series(window: Window, now: datetime, *, queue: str | None = None) -> list[P
     return _binned(starts, window.step, _history(starts[0], queue, ["bucket"], _COUNTS))
 
 
-def series_by_queue(window: Window, now: datetime) -> dict[str, list[Point]]:
-    """``series`` for each queue with runs in ``window``."""
-    starts = window.starts(now)
-    by_queue: dict[str, list[dict[str, Any]]] = {}
-    for row in _history(starts[0], None, ["queue", "bucket"], _COUNTS):
-        by_queue.setdefault(row["queue"], []).append(row)
-    return {queue: _binned(starts, window.step, rows) for queue, rows in sorted(by_queue.items())}
-
-
-def totals_by_queue(since: datetime) -> dict[str, Point]:
-    return {
-        row["queue"]: Point(since, *(row[name] for name in _COUNTS))
-        for row in _history(since, None, ["queue"], _COUNTS)
-    }
-
-
 def _totals_by_name(since: datetime, queue: str | None) -> dict[str, history.Totals]:
     return {
         row["name"]: history.Totals(
@@ -300,13 +284,23 @@ def queue_rows(now: datetime, live: Iterable[WorkerRow] = ()) -> list[QueueRow]:
     """Every queue that holds or failed jobs, is paused, ran jobs in the last day or is served by
     a live worker in ``live``, by name."""
     stats = {item.queue: item for item in queue_overview()}
-    hour = series_by_queue(HOUR, now)
-    day = totals_by_queue(now - DAY.span)
+    starts = HOUR.starts(now)
+    minutes: dict[str, list[dict[str, Any]]] = {}
+    for row in _history(starts[0], None, ["queue", "bucket"], _COUNTS):
+        minutes.setdefault(row["queue"], []).append(row)
+    since = now - DAY.span
+    day = {
+        row["queue"]: Point(since, *(row[name] for name in _COUNTS))
+        for row in _history(since, None, ["queue"], _COUNTS)
+    }
     served = {queue for row in live if not row.dead for queue in row.worker.queue_list}
-    empty = [Point(start) for start in HOUR.starts(now)]
     return [
-        QueueRow(stats.get(queue, QueueStats(queue)), hour.get(queue, empty), day.get(queue, Point(now)))
-        for queue in sorted({*stats, *hour, *day, *served})
+        QueueRow(
+            stats.get(queue, QueueStats(queue)),
+            _binned(starts, HOUR.step, minutes.get(queue, [])),
+            day.get(queue, Point(now)),
+        )
+        for queue in sorted({*stats, *minutes, *day, *served})
     ]
 
 

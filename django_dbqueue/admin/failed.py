@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from ..models import FailedJob
 from ..operations import retry_failed
-from .base import ReadOnlyAdmin, pretty_payload
+from .base import ReadOnlyAdmin, permission, pretty_payload
 
 # Characters of a failed job's error read for the change list's one-line
 # summary: the end of the traceback, where the exception line is.
@@ -75,8 +75,7 @@ class FailedJobAdmin(ReadOnlyAdmin):
     def traceback(self, failed: FailedJob) -> str:
         return format_html("<pre>{}</pre>", failed.error)
 
-    def has_retry_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perms(["django_dbqueue.change_failedjob", "django_dbqueue.add_job"])
+    has_retry_permission = permission("change_failedjob", "add_job")
 
     @admin.action(description="Retry selected failed jobs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[FailedJob]) -> None:

@@ -18,7 +18,7 @@ from ..db import DbNow
 from ..models import Job, JobProgress, JobQuerySet, LeaseOver
 from ..operations import cancel_jobs, delete_unreserved, job_state, release_expired, run_now
 from . import dashboard
-from .base import GoneError, ReadOnlyAdmin, StateFilter, pretty_payload
+from .base import GoneError, ReadOnlyAdmin, StateFilter, permission, pretty_payload
 from .dashboard import pause_for
 
 RESERVED_REFUSAL = (
@@ -140,11 +140,8 @@ class JobAdmin(ReadOnlyAdmin):
 
     # -- state changes --------------------------------------------------------------------
 
-    def has_run_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_dbqueue.change_job")
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_dbqueue.cancel_job")
+    has_run_permission = permission("change_job")
+    has_cancel_permission = permission("cancel_job")
 
     @admin.action(description="Run selected jobs now", permissions=["run"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

@@ -11,7 +11,7 @@ from django.utils.translation import ngettext
 
 from .. import schedules
 from ..models import CANCELLED_CLASS, FailedJob, Job, ScheduleState
-from .base import ReadOnlyAdmin
+from .base import ReadOnlyAdmin, permission
 
 
 class ScheduleStateAdmin(ReadOnlyAdmin):
@@ -91,11 +91,8 @@ class ScheduleStateAdmin(ReadOnlyAdmin):
         """False for a stale schedule: its row outlived its declaration, and it does not tick."""
         return not schedules.is_stale(state)
 
-    def has_run_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_dbqueue.run_schedule")
-
-    def has_toggle_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("django_dbqueue.change_schedulestate")
+    has_run_permission = permission("run_schedule")
+    has_toggle_permission = permission("change_schedulestate")
 
     @admin.action(description="Run selected schedules now (one extra run each)", permissions=["run"])
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[ScheduleState]) -> None:
