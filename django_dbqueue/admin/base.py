@@ -9,6 +9,7 @@ from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -55,9 +56,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         site = self.admin_site
         return site.is_registered(model) and bool(site.get_model_admin(model).has_view_permission(request))
 
+    def page(self, request: HttpRequest, template: str, title: str, **context: Any) -> HttpResponse:
+        """Render this app's admin page ``template`` with the site's context (the header, the sidebar)."""
+        context = {**self.admin_site.each_context(request), "title": title, "opts": self.model._meta, **context}
+        return TemplateResponse(request, f"admin/django_dbqueue/{template}.html", context)
+
+    def url(self, name: str, *args: Any) -> str:
+        """This site's URL of this app's page ``name`` (``job_changelist``, ``overview`` ...)."""
+        return reverse(f"{self.admin_site.name}:django_dbqueue_{name}", args=args)
+
     def redirect(self, name: str, *args: Any) -> HttpResponse:
-        """Redirect to this site's page ``name`` (``job_change``, ``overview`` ...) of this app."""
-        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:django_dbqueue_{name}", args=args))
+        return HttpResponseRedirect(self.url(name, *args))
 
 
 def pretty_payload(text: str) -> str:

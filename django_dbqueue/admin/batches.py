@@ -18,7 +18,7 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import path, reverse
+from django.urls import path
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import ngettext
@@ -303,11 +303,11 @@ class JobBatchAdmin(ReadOnlyAdmin):
                     running=Count("pk", filter=Q(reserved_at__isnull=False)),
                 )
             )
-            context["jobs_url"] = f"{reverse('admin:django_dbqueue_job_changelist')}?{by_batch}"
+            context["jobs_url"] = f"{self.url('job_changelist')}?{by_batch}"
         if context["show_failed"]:
             failed = FailedJob.objects.filter(batch_id=batch.pk).order_by("id")
             shown = list(failed.only("id", "name", "exception_class", "failed_at")[:FAILED_MEMBERS_SHOWN])
             context["failed_members"] = shown
             context["failed_count"] = len(shown) if len(shown) < FAILED_MEMBERS_SHOWN else failed.count()
-            context["failed_url"] = f"{reverse('admin:django_dbqueue_failedjob_changelist')}?{by_batch}"
+            context["failed_url"] = f"{self.url('failedjob_changelist')}?{by_batch}"
         return context

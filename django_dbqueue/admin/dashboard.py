@@ -25,8 +25,6 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
@@ -413,29 +411,27 @@ def view_for(model_admin: ReadOnlyAdmin) -> View:
     def dashboard_view(request: HttpRequest) -> HttpResponse:
         if not model_admin.has_view_permission(request):
             raise PermissionDenied
-        site = model_admin.admin_site
         show_failed = model_admin.may_view(request, FailedJob)
         queue = request.GET.get("queue") or None
         data = gather(queue=queue)
-        context = {
-            **site.each_context(request),
-            "title": f"Queue dashboard: {queue}" if queue else "Queue dashboard",
-            "opts": model_admin.model._meta,
-            "data": data,
-            "stats": data.stats,
-            "charts": [charts(HOUR, data.hour, failures=show_failed), charts(DAY, data.day, failures=show_failed)],
-            "queues": [(row, spark(row.hour, row.stats.queue, failures=show_failed)) for row in data.queues],
-            "queue_names": [row.stats.queue for row in data.queues],
-            "show_failed": show_failed,
-            "history_on": history.enabled(),
-            "dead_after": workers.dead_after(),
-            "oldest_waiting": age(data.stats.oldest_waiting_seconds),
-            "bounds": f"{duration(history.BOUNDS[0])} to {duration(history.BOUNDS[-1])}",
-            "overview_url": reverse(f"{site.name}:django_dbqueue_overview"),
-            "jobs_url": reverse(f"{site.name}:django_dbqueue_job_changelist"),
-            "failed_url": reverse(f"{site.name}:django_dbqueue_failedjob_changelist") if show_failed else "",
-        }
-        return TemplateResponse(request, "admin/django_dbqueue/dashboard.html", context)
+        return model_admin.page(
+            request,
+            "dashboard",
+            f"Queue dashboard: {queue}" if queue else "Queue dashboard",
+            data=data,
+            stats=data.stats,
+            charts=[charts(HOUR, data.hour, failures=show_failed), charts(DAY, data.day, failures=show_failed)],
+            queues=[(row, spark(row.hour, row.stats.queue, failures=show_failed)) for row in data.queues],
+            queue_names=[row.stats.queue for row in data.queues],
+            show_failed=show_failed,
+            history_on=history.enabled(),
+            dead_after=workers.dead_after(),
+            oldest_waiting=age(data.stats.oldest_waiting_seconds),
+            bounds=f"{duration(history.BOUNDS[0])} to {duration(history.BOUNDS[-1])}",
+            overview_url=model_admin.url("overview"),
+            jobs_url=model_admin.url("job_changelist"),
+            failed_url=model_admin.url("failedjob_changelist") if show_failed else "",
+        )
 
     return dashboard_view
 
@@ -459,16 +455,12 @@ class OverviewRow:
 
     @classmethod
     def of(cls, stats: QueueStats, *, jobs: bool, failed: bool) -> OverviewRow:
-        return cls(
-            stats.queue,
-            stats.waiting if jobs else None,
-            stats.delayed if jobs else None,
-            stats.reserved if jobs else None,
-            stats.failed if failed else None,
-            stats.oldest_waiting_seconds if jobs else None,
-            stats.paused_at,
-            stats.blocked if jobs else None,
-        )
+        shown: dict[str, Any] = {field.name: getattr(stats, field.name) for field in dataclasses.fields(cls)}
+        if not jobs:
+            shown.update(dict.fromkeys(["waiting", "delayed", "reserved", "blocked", "oldest_waiting_seconds"]))
+        if not failed:
+            shown["failed"] = None
+        return cls(**shown)
 
     @property
     def paused(self) -> bool:
@@ -496,19 +488,17 @@ def overview_for(jobs: ReadOnlyAdmin) -> View:
             # it, so its name alone tells nothing more.
             if ((show_jobs or pause) and (stats.size or stats.paused)) or (show_failed and stats.failed)
         ]
-        site = jobs.admin_site.name
-        context = {
-            **jobs.admin_site.each_context(request),
-            "title": "Queue overview",
-            "opts": jobs.model._meta,
-            "rows": rows,
-            "show_jobs": show_jobs,
-            "show_failed": show_failed,
-            "may_pause": pause,
-            "jobs_url": reverse(f"{site}:django_dbqueue_job_changelist") if show_jobs else "",
-            "failed_url": reverse(f"{site}:django_dbqueue_failedjob_changelist") if show_failed else "",
-        }
-        return TemplateResponse(request, "admin/django_dbqueue/overview.html", context)
+        return jobs.page(
+            request,
+            "overview",
+            "Queue overview",
+            rows=rows,
+            show_jobs=show_jobs,
+            show_failed=show_failed,
+            may_pause=pause,
+            jobs_url=jobs.url("job_changelist") if show_jobs else "",
+            failed_url=jobs.url("failedjob_changelist") if show_failed else "",
+        )
 
     return overview_view
 
