@@ -1,4 +1,4 @@
-"""What the admin's pages share: read-only model admins whose change lists defer big texts."""
+"""What the admin's pages share: read-only model admins, a filter by state, permissions by codename."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class DeferringChangeList(ChangeList):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """A model admin for rows only the library writes: no add, no change form; actions and buttons change them."""
+    """A model admin for rows only the library writes: nobody adds or edits one; actions and buttons change them."""
 
     # Big texts no column shows, left out of the change list's query.
     changelist_defer: Sequence[str] = ()
