@@ -53,6 +53,22 @@ def _opening(css: str, width: int, height: int, title: str, series: Sequence[Ser
     ]
 
 
+def _stack(
+    series: Sequence[Series], index: int, x: float, width: float, bottom: float, scale: float, least: float = 0.0
+) -> list[str]:
+    """Bar ``index``'s layers stacked up from ``bottom``: each ``scale`` units high per job, at least ``least``."""
+    rects = []
+    for layer in series:
+        if (value := layer.values[index]) > 0:
+            size = max(value * scale, least)
+            bottom -= size
+            rects.append(
+                f'<rect class="dbq-{escape(layer.css)}" x="{x:.2f}" y="{bottom:.2f}" width="{width:.2f}" '
+                f'height="{size:.2f}"/>'
+            )
+    return rects
+
+
 def bar_chart(
     labels: Sequence[str],
     series: Sequence[Series],
@@ -83,21 +99,11 @@ def bar_chart(
         )
     for index, label in enumerate(labels):
         x = LEFT + index * slot + gap / 2
-        base: float = TOP + plot_height
         tip = escape(label + ": " + ", ".join(f"{layer.values[index]:g} {layer.label}" for layer in series))
         bar = [f"<g><title>{tip}</title>"]
         # An invisible full-height target, so a bar of 0 has a tooltip too.
         bar.append(f'<rect class="dbq-hit" x="{x:.2f}" y="{TOP}" width="{slot - gap:.2f}" height="{plot_height}"/>')
-        for layer in series:
-            value = layer.values[index]
-            if value <= 0:
-                continue
-            size = plot_height * value / top
-            base -= size
-            bar.append(
-                f'<rect class="dbq-{escape(layer.css)}" x="{x:.2f}" y="{base:.2f}" '
-                f'width="{slot - gap:.2f}" height="{size:.2f}"/>'
-            )
+        bar += _stack(series, index, x, slot - gap, TOP + plot_height, plot_height / top)
         bar.append("</g>")
         parts.append("".join(bar))
     parts.append(
@@ -124,17 +130,7 @@ def sparkline(series: Sequence[Series], *, title: str, width: int = 120, height:
     parts = _opening("dbq-spark", width, height, title, series)
     parts.append(f'<line class="dbq-baseline" x1="0" x2="{width}" y1="{height - 0.5}" y2="{height - 0.5}"/>')
     for index in range(count):
-        base = float(height)
-        for layer in series:
-            value = layer.values[index]
-            if value <= 0:
-                continue
-            # At least a pixel, so a single failure among thousands still shows.
-            size = max(height * value / top, 1.0)
-            base -= size
-            parts.append(
-                f'<rect class="dbq-{escape(layer.css)}" x="{index * slot:.2f}" y="{base:.2f}" '
-                f'width="{max(slot - 0.4, 0.4):.2f}" height="{size:.2f}"/>'
-            )
+        # At least a pixel, so a single failure among thousands still shows.
+        parts += _stack(series, index, index * slot, max(slot - 0.4, 0.4), height, height / top, least=1.0)
     parts.append("</svg>")
     return mark_safe("".join(parts))  # every text above is escaped
