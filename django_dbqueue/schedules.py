@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import json
 import logging
 import threading
@@ -240,23 +239,12 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         logger.info(
             "schedule changed schedule=%s expression=%s timezone=%s", name, schedule.expression, schedule.timezone_name
         )
-    _plan_first_ticks(schedules)
-
-
-def _plan_first_ticks(schedules: Mapping[str, Schedule]) -> None:
-    """Give the rows that have no ``next_tick`` yet (new, or changed) their first tick, in
-    one read and one UPDATE, rather than a transaction each: a worker that starts with
-    1,000 new schedules must not delay its first jobs. A row given its tick meanwhile
-    by another worker keeps that one (``next_tick IS NULL`` in the UPDATE)."""
-    unplanned = list(
-        ScheduleState.objects.filter(name__in=list(schedules), next_tick__isnull=True, enabled=True)
-        .annotate(db_now=DbNow())
-        .values_list("pk", "name", "db_now")
-    )
-    if not unplanned:
-        return
-    planned = [ScheduleState(pk=pk, next_tick=schedules[name].next_after(now)) for pk, name, now in unplanned if now]
-    _save_rows(planned, alias(), ("next_tick",), unless_set="next_tick")
+    # Rows with no next tick yet (new, or changed) get their first in one transaction, not one
+    # each: a worker that starts with 1,000 new schedules must not delay its first jobs.
+    unplanned = ScheduleState.objects.filter(name__in=list(schedules), next_tick__isnull=True, enabled=True)
+    first = [(pk, None) for pk in unplanned.values_list("pk", flat=True)]
+    if first:
+        tick_many(schedules, first)
 
 
 def _plan(schedule: Schedule, due: datetime, now: datetime, last_job_id: int | None, *, still_queued: bool) -> Plan:
@@ -283,71 +271,32 @@ def _plan(schedule: Schedule, due: datetime, now: datetime, last_job_id: int | N
 
 
 def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
-    """Handle the row ``pk`` of ``schedule`` if its ``next_tick`` is still ``expected``.
-
-    Enqueues the due tick (or none: missed, or overlapping) and moves
-    ``next_tick`` on, in one transaction; with ``expected`` None, only computes
-    ``next_tick``.
-    """
-    using = alias()
-    locking = claims_with_skip_locked(using)
-    with transaction.atomic(using=using):
-        rows = ScheduleState.objects.filter(pk=pk, enabled=True)
-        rows = rows.filter(next_tick=expected) if expected is not None else rows.filter(next_tick__isnull=True)
-        query = rows.annotate(db_now=DbNow())
-        if locking:
-            query = query.select_for_update(skip_locked=True)
-        state = query.first()
-        if state is None:
-            return Outcome.TAKEN
-        now = state.db_now
-        run: datetime | None = None
-        changes: dict[str, Any] = {"updated_at": now}
-        if expected is None:
-            changes["next_tick"] = schedule.next_after(now)
-        elif expected > now:
-            return Outcome.NOT_DUE
-        else:
-            last = state.last_job_id
-            queued = not schedule.overlap and last is not None and Job.objects.filter(pk=last).exists()
-            plan = _plan(schedule, expected, now, last, still_queued=queued)
-            run, skipped = plan.run, plan.skipped
-            changes.update(next_tick=plan.next_tick, skipped=F("skipped") + skipped)
-        if not locking:
-            # SQLite: the compare-and-set takes the write lock; a row moved on meanwhile is another's.
-            if not rows.update(**changes):
-                return Outcome.TAKEN
-            changes = {}
-        if run is not None:
-            handle = schedule.call(run).enqueue()
-            changes.update(last_tick=run, last_run_at=now, last_job_id=handle.id, runs=F("runs") + 1)
-            _log_tick(schedule.name, run, handle)
-        if changes:
-            ScheduleState.objects.filter(pk=pk).update(**changes)
-    if run is not None:
-        return Outcome.ENQUEUED
-    return Outcome.SCHEDULED if expected is None else Outcome.SKIPPED
+    """``tick_many`` for the one row ``pk`` of ``schedule``."""
+    return tick_many({schedule.name: schedule}, [(pk, expected)])[0]
 
 
 def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, datetime | None]]) -> list[Outcome]:
-    """``tick`` for many rows in one transaction: one locking read, one query for the last
-    runs of schedules that must not overlap, one bulk enqueue and one bulk UPDATE,
-    whatever the number of rows (a catch-up of 1,000 schedules after a deploy is a
-    few statements, not thousands). For databases with row locks (``SKIP LOCKED``);
-    rows another worker holds, or moved on meanwhile, come back ``TAKEN``.
+    """Tick each row ``(pk, next_tick)`` of ``due`` whose ``next_tick`` is still the one read:
+    enqueue its due tick (or none: missed, or overlapping) and move ``next_tick`` on; a row
+    with no ``next_tick`` only gets one. One transaction for all rows, with one locking read,
+    one query for the last runs of schedules that must not overlap, one bulk enqueue and one
+    UPDATE sent for every row, so a catch-up of 1,000 schedules after a deploy is a few
+    statements, not thousands. Rows another worker holds, or moved on meanwhile, come back
+    ``TAKEN``.
     """
     using = alias()
+    locking = claims_with_skip_locked(using)
     expected = dict(due)
     outcomes: dict[int, Outcome] = dict.fromkeys(expected, Outcome.TAKEN)
     with transaction.atomic(using=using):
-        states = [
-            state
-            for state in ScheduleState.objects.filter(pk__in=list(expected), enabled=True)
-            .annotate(db_now=DbNow())
-            .select_for_update(skip_locked=True)
-            .order_by("pk")
-            if state.next_tick == expected[state.pk] and state.name in schedules
-        ]
+        query = ScheduleState.objects.filter(pk__in=list(expected), enabled=True).annotate(db_now=DbNow())
+        if locking:
+            query = query.select_for_update(skip_locked=True)
+        states = [s for s in query.order_by("pk") if s.next_tick == expected[s.pk] and s.name in schedules]
+        if not locking:
+            # SQLite: a compare-and-set of next_tick takes the write lock; a row moved on meanwhile is another's.
+            rows = ScheduleState.objects
+            states = [s for s in states if rows.filter(pk=s.pk, next_tick=s.next_tick).update(updated_at=s.db_now)]
         watched = {state.last_job_id for state in states if state.last_job_id and not schedules[state.name].overlap}
         queued = set(Job.objects.filter(pk__in=watched).values_list("pk", flat=True)) if watched else set()
         calls: list[registry.JobCall] = []
@@ -363,17 +312,23 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
                 outcomes[state.pk] = Outcome.NOT_DUE
                 continue
             plan = _plan(schedule, state.next_tick, now, state.last_job_id, still_queued=state.last_job_id in queued)
-            run, skipped = plan.run, plan.skipped
-            state.next_tick, state.skipped = plan.next_tick, state.skipped + skipped
+            state.next_tick, state.skipped = plan.next_tick, state.skipped + plan.skipped
             outcomes[state.pk] = Outcome.SKIPPED
-            if run is not None:
-                calls.append(schedule.call(run))
-                runs.append((state, run))
-        for (state, run), handle in zip(runs, registry.enqueue_many(calls) if calls else [], strict=True):
+            if plan.run is not None:
+                calls.append(schedule.call(plan.run))
+                runs.append((state, plan.run))
+        # Plain MySQL's bulk insert returns no ids: each run is enqueued on its own.
+        if connections[using].features.can_return_rows_from_bulk_insert:
+            handles = registry.enqueue_many(calls) if calls else []
+        else:
+            handles = [call.enqueue() for call in calls]
+        for (state, run), handle in zip(runs, handles, strict=True):
             state.last_tick, state.last_run_at, state.last_job_id = run, state.db_now, handle.id
             state.runs += 1
             outcomes[state.pk] = Outcome.ENQUEUED
-            _log_tick(state.name, run, handle)
+            logger.info(
+                "schedule ticked schedule=%s tick=%s job=%s id=%s", state.name, run.isoformat(), handle.name, handle.id
+            )
         if states:
             _save_rows(states, using, _TICK_FIELDS)
     return [outcomes[pk] for pk, _ in due]
@@ -382,12 +337,9 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
 _TICK_FIELDS = ("next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs")
 
 
-def _save_rows(
-    states: Sequence[ScheduleState], using: str, names: Sequence[str], *, unless_set: str | None = None
-) -> None:
+def _save_rows(states: Sequence[ScheduleState], using: str, names: Sequence[str]) -> None:
     """Write ``names`` of many rows with one parameterised UPDATE sent for all of them
-    (``executemany``; psycopg pipelines it), skipping a row whose ``unless_set`` field is
-    no longer NULL. ``bulk_update`` builds a CASE per field and row, whose CPU grows with
+    (``executemany``; psycopg pipelines it). ``bulk_update`` builds a CASE per field and row, whose CPU grows with
     the rows: a catch-up of many schedules would hold a worker's GIL for seconds."""
     connection = connections[using]
     meta = ScheduleState._meta
@@ -395,19 +347,14 @@ def _save_rows(
     fields = [by_name[name] for name in names]
     quote = connection.ops.quote_name
     assignments = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
-    condition = f" AND {quote(str(by_name[unless_set].column))} IS NULL" if unless_set else ""
     pk = quote(str(by_name["id"].column))
-    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s{condition}"
+    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s"
     params = [
         [field.get_db_prep_save(getattr(state, field.attname), connection) for field in fields] + [state.pk]
         for state in states
     ]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
-
-
-def _log_tick(name: str, run: datetime, handle: Any) -> None:
-    logger.info("schedule ticked schedule=%s tick=%s job=%s id=%s", name, run.isoformat(), handle.name, handle.id)
 
 
 def run_now(name: str) -> Any:
@@ -451,7 +398,7 @@ class Ticker:
 
     The thread has its own database connection (closed when it stops). It
     writes the schedules to their rows once, then loops: one query reads the due
-    rows and the next to come; each due tick is a short transaction; then it
+    rows and the next to come; the due ticks are one short transaction; then it
     sleeps until the next tick, ``MAX_SLEEP`` seconds at most. A process without
     schedules starts no thread.
     """
@@ -499,12 +446,6 @@ class Ticker:
             self.statements,
             self.queries_per_minute(),
         )
-
-    @functools.cached_property
-    def batched(self) -> bool:
-        """Tick due rows in batches (``tick_many``) where rows can be locked and the bulk
-        enqueue returns ids (not SQLite, not plain MySQL); else one ``tick`` each."""
-        return claims_with_skip_locked() and bool(connections[alias()].features.can_return_rows_from_bulk_insert)
 
     def queries_per_minute(self) -> float:
         minutes = (time.monotonic() - self._started) / 60 if self._started else 0
@@ -560,34 +501,15 @@ class Ticker:
             .values_list("pk", "name", "next_tick", "db_now")[:LOOK_AHEAD]
         )
         read = time.monotonic()
-        delay = MAX_SLEEP
-        worked = busy = False
-        if self.batched:
-            due = [(pk, next_tick) for pk, _, next_tick, now in rows if next_tick is None or next_tick <= now]
-            if due:
-                outcomes = tick_many(schedules, due)
-                self.ticked += outcomes.count(Outcome.ENQUEUED)
-                if Outcome.TAKEN in outcomes:
-                    return BUSY_RETRY
-                return 0  # read the rows again: the ones just ticked have new next ticks
-            rows = rows[:1]  # the next to come
-        for pk, name, next_tick, now in rows:
-            if self._stopping.is_set():
-                return 0
-            if next_tick is not None and next_tick > now:
-                delay = (next_tick - now).total_seconds() - (time.monotonic() - read)
-                break
-            outcome = tick(schedules[name], pk, next_tick)
-            self.ticked += outcome is Outcome.ENQUEUED
-            if outcome is Outcome.TAKEN:
-                busy = True
-            else:
-                worked = True
-        else:
-            if len(rows) == LOOK_AHEAD:
-                return 0
-        if worked:
-            return 0  # read the rows again: the ones just ticked have new next ticks
-        if busy:
-            return BUSY_RETRY  # another worker is ticking a due row: look again once it is done
+        due = [(pk, next_tick) for pk, _, next_tick, now in rows if next_tick is None or next_tick <= now]
+        if due:
+            outcomes = tick_many(schedules, due)
+            self.ticked += outcomes.count(Outcome.ENQUEUED)
+            # Another worker is ticking a due row: look again once it is done. Else read the
+            # rows again: the ones just ticked have new next ticks.
+            return BUSY_RETRY if Outcome.TAKEN in outcomes else 0
+        if not rows:
+            return MAX_SLEEP
+        _, _, next_tick, now = rows[0]
+        delay: float = (next_tick - now).total_seconds() - (time.monotonic() - read)
         return max(0.0, min(delay, MAX_SLEEP))

@@ -27,7 +27,7 @@ def id_words(ids: Sequence[int]) -> str:
 
 
 class QueueCommand(BaseCommand):
-    # Tests pass a stand-in for the terminal (read by ``confirm``).
+    # Tests pass a stand-in for the terminal (read by ``delete_confirmed``).
     stealth_options = ("stdin",)
 
     # -- arguments -----------------------------------------------------------
@@ -55,7 +55,7 @@ class QueueCommand(BaseCommand):
         )
 
     def add_confirmation(self, parser: Any) -> None:
-        """Add ``--force`` and ``--no-input``, the options ``confirm`` reads."""
+        """Add ``--force`` and ``--no-input``, the options ``delete_confirmed`` reads."""
         parser.add_argument("--force", action="store_true", help="Delete without asking.")
         parser.add_argument(
             "--noinput",
@@ -96,27 +96,31 @@ class QueueCommand(BaseCommand):
         if total > len(shown):
             self.stdout.write(f"{len(shown)} of {total} {what} shown; --limit shows more.")
 
-    def confirm(self, opts: dict[str, Any], *, doing: str, question: str) -> bool:
-        """Ask ``question [y/N]`` on the terminal unless ``--force`` was given; tell whether the answer is yes.
+    def delete_confirmed(self, opts: dict[str, Any], what: str, delete: Callable[[], str]) -> None:
+        """Ask ``Delete <what>? [y/N]`` unless ``--force`` was given; on yes, ``delete`` deletes and says what it did.
 
-        Raise CommandError when nobody can answer (``--no-input``, or stdin is not
-        a terminal), naming what needs the confirmation (``doing``) and ``--force``.
+        Refuse when nobody can answer (``--no-input``, or stdin is not a terminal),
+        naming ``--force``.
         """
-        if opts["force"]:
-            return True
-        stdin: Any = opts.get("stdin", sys.stdin)
-        if not opts["interactive"] or not output.is_terminal(stdin):
-            why = "--no-input was given" if not opts["interactive"] else "stdin is not a terminal"
-            raise CommandError(f"{doing} needs a confirmation, and {why}: pass --force to delete without asking.")
-        self.stdout.write(f"{question} [y/N] ", ending="")
-        self.stdout.flush()
-        try:
-            answer = stdin.readline()
-        except KeyboardInterrupt:
-            answer = ""
-        if not answer.endswith("\n"):
-            self.stdout.write("")
-        return str(answer).strip().lower() in {"y", "yes"}
+        if not opts["force"]:
+            stdin: Any = opts.get("stdin", sys.stdin)
+            if not opts["interactive"] or not output.is_terminal(stdin):
+                why = "--no-input was given" if not opts["interactive"] else "stdin is not a terminal"
+                raise CommandError(
+                    f"Deleting {what} needs a confirmation, and {why}: pass --force to delete without asking."
+                )
+            self.stdout.write(f"Delete {what}? [y/N] ", ending="")
+            self.stdout.flush()
+            try:
+                answer = stdin.readline()
+            except KeyboardInterrupt:
+                answer = ""
+            if not answer.endswith("\n"):
+                self.stdout.write("")
+            if str(answer).strip().lower() not in {"y", "yes"}:
+                self.stdout.write("Nothing was deleted.")
+                return
+        self.success(delete())
 
     @contextlib.contextmanager
     def refusing(self, errors: type[Exception] | tuple[type[Exception], ...], nothing: str = "") -> Iterator[None]:

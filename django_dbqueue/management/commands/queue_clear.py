@@ -21,8 +21,8 @@ class Command(QueueCommand):
         if not counted.count:
             self.success(f"Queue '{queue}' has no waiting or delayed jobs.")
             return
-        jobs = f"{plural(counted.count, 'job')} from queue '{queue}'"
-        if not self.confirm(opts, doing=f"Deleting {jobs}", question=f"Delete {jobs}?"):
-            self.stdout.write("Nothing was deleted.")
-            return
-        self.success(f"{plural(operations.clear_queue(counted), 'job')} deleted from queue '{queue}'.")
+        self.delete_confirmed(
+            opts,
+            f"{plural(counted.count, 'job')} from queue '{queue}'",
+            lambda: f"{plural(operations.clear_queue(counted), 'job')} deleted from queue '{queue}'.",
+        )

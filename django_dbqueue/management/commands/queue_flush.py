@@ -21,8 +21,8 @@ class Command(QueueCommand):
         if not counted.count:
             self.success(f"No failed jobs{older}: nothing to delete.")
             return
-        failed = f"{plural(counted.count, 'failed job')}{older}"
-        if not self.confirm(opts, doing=f"Deleting {failed}", question=f"Delete {failed}?"):
-            self.stdout.write("Nothing was deleted.")
-            return
-        self.success(f"{operations.prune_failed(counted=counted)} failed job(s){older} were deleted.")
+        self.delete_confirmed(
+            opts,
+            f"{plural(counted.count, 'failed job')}{older}",
+            lambda: f"{operations.prune_failed(counted=counted)} failed job(s){older} were deleted.",
+        )

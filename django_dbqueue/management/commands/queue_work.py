@@ -109,7 +109,9 @@ class Command(QueueCommand):
             )
         worker_options = WorkerOptions(
             queues=queues,
-            defaults=Defaults(given["tries"], timeout, given["backoff"], timeout_grace=settings["TIMEOUT_GRACE"]),
+            defaults=Defaults(
+                tries=given["tries"], timeout=timeout, backoff=given["backoff"], timeout_grace=settings["TIMEOUT_GRACE"]
+            ),
             sleep=given["sleep"],
             rest=options["rest"],
             max_jobs=options["max_jobs"],
