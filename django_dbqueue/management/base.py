@@ -21,11 +21,6 @@ IDS = "3, a range 5-9, a list 12,14"
 DEFAULT_LIMIT = 50
 
 
-def id_words(ids: Sequence[int]) -> str:
-    """``id 3`` or ``ids 3, 5-9``."""
-    return f"id {ids[0]}" if len(ids) == 1 else f"ids {format_ids(ids)}"
-
-
 class QueueCommand(BaseCommand):
     # Tests pass a stand-in for the terminal (read by ``delete_confirmed``).
     stealth_options = ("stdin",)
@@ -140,7 +135,8 @@ class QueueCommand(BaseCommand):
             except JobBatch.DoesNotExist:
                 missing.append(pk)
         if missing:
-            raise CommandError(f"Nothing was {nothing}: no batch has the {id_words(missing)} (unknown, or pruned).")
+            which = f"id {missing[0]}" if len(missing) == 1 else f"ids {format_ids(missing)}"
+            raise CommandError(f"Nothing was {nothing}: no batch has the {which} (unknown, or pruned).")
         return found
 
 
