@@ -278,11 +278,11 @@ def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
 def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, datetime | None]]) -> list[Outcome]:
     """Tick each row ``(pk, next_tick)`` of ``due`` whose ``next_tick`` is still the one read:
     enqueue its due tick (or none: missed, or overlapping) and move ``next_tick`` on; a row
-    with no ``next_tick`` only gets one. One transaction for all rows, with one locking read,
-    one query for the last runs of schedules that must not overlap, one bulk enqueue and one
-    UPDATE sent for every row, so a catch-up of 1,000 schedules after a deploy is a few
-    statements, not thousands. Rows another worker holds, or moved on meanwhile, come back
-    ``TAKEN``.
+    with no ``next_tick`` only gets one. One transaction for all rows: one locking read (on
+    SQLite a read, then a compare-and-set of each row), one query for the last runs of
+    schedules that must not overlap, one bulk enqueue and one UPDATE sent for every row, so a
+    catch-up of 1,000 schedules after a deploy is a few statements, not thousands. Rows another
+    worker holds, or moved on meanwhile, come back ``TAKEN``.
     """
     using = alias()
     locking = claims_with_skip_locked(using)
@@ -295,7 +295,7 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
         states = [s for s in query.order_by("pk") if s.next_tick == expected[s.pk] and s.name in schedules]
         if not locking:
             # SQLite: a compare-and-set of next_tick takes the write lock; a row moved on meanwhile is another's.
-            rows = ScheduleState.objects
+            rows = ScheduleState.objects.filter(enabled=True)
             states = [s for s in states if rows.filter(pk=s.pk, next_tick=s.next_tick).update(updated_at=s.db_now)]
         watched = {state.last_job_id for state in states if state.last_job_id and not schedules[state.name].overlap}
         queued = set(Job.objects.filter(pk__in=watched).values_list("pk", flat=True)) if watched else set()
