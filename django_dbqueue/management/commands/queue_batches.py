@@ -25,16 +25,9 @@ def _ago(moment: datetime | None, clock: datetime) -> str:
 def _row(batch: Any) -> list[str]:
     # Rounded down, so 100 only once every member ended (``JobBatch.percent`` rounds to 2 places).
     percent = 100 * batch.done // batch.total if batch.total else 100
-    done = f"{batch.done}/{batch.total}"
-    counts = [done, f"{percent}%", str(batch.failed), str(batch.cancelled)]
-    return [
-        str(batch.pk),
-        batch.name or "-",
-        batch.state,
-        *counts,
-        _ago(batch.created_at, batch.clock),
-        _ago(batch.finished_at, batch.clock),
-    ]
+    ids = [str(batch.pk), batch.name or "-", batch.state]
+    counts = [f"{batch.done}/{batch.total}", f"{percent}%", str(batch.failed), str(batch.cancelled)]
+    return [*ids, *counts, _ago(batch.created_at, batch.clock), _ago(batch.finished_at, batch.clock)]
 
 
 class Command(QueueCommand):

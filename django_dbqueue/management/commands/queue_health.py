@@ -50,15 +50,8 @@ class Command(QueueCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         host = None if opts["any_host"] else opts["host"]
-        report = health.probe(
-            health.Thresholds(
-                workers=opts["workers"],
-                host=host,
-                max_depth=opts["max_depth"],
-                max_age=opts["max_age"],
-                queues=opts["queue"],
-            )
-        )
+        limits = {"max_depth": opts["max_depth"], "max_age": opts["max_age"], "queues": opts["queue"]}
+        report = health.probe(health.Thresholds(workers=opts["workers"], host=host, **limits))
         if report.status != health.Status.HEALTHY:
             raise CommandError(report.reason, returncode=int(report.status))
         self.success(report.reason)
