@@ -1,64 +1,41 @@
 """Periodic jobs: schedules declared in code, ticked by the workers.
 
-A schedule is declared next to its job with ``periodic(job, "*/5 * * * *")``;
-its state (next tick, last run, enabled) is a ``ScheduleState`` row. Every
-worker runs a ``Ticker``, a thread that sleeps until the next tick is due and
-then enqueues it: in one transaction it locks the schedule's row (``SELECT ...
-FOR UPDATE SKIP LOCKED``; a compare-and-set of ``next_tick`` on SQLite),
-inserts the job and moves ``next_tick`` on. So any number of workers on any
-number of hosts enqueue each tick exactly once, and a worker killed mid-tick
-leaves the row as it was, for the next worker.
-
-Times come from the database's clock. Cron expressions are computed by
-``cronsim`` in the schedule's time zone, with Debian cron's rules for
-daylight-saving time: a job at a fixed time in the hour that spring-forward
-skips runs right after the jump, and once (at the first pass) in the hour that
-autumn repeats; a job whose minute or hour field starts with ``*`` follows real
-time.
+A schedule is declared next to its job with ``periodic(job, "*/5 * * * *")``
+(when it ticks is ``cron.Timing``); its state (next tick, last run, enabled) is a
+``ScheduleState`` row. Every worker runs a ``Ticker``, a thread that sleeps until
+the next tick is due and then enqueues it: in one transaction it locks the
+schedule's row (``SELECT ... FOR UPDATE SKIP LOCKED``; a compare-and-set of
+``next_tick`` on SQLite), inserts the job and moves ``next_tick`` on. So any
+number of workers on any number of hosts enqueue each tick exactly once, and a
+worker killed mid-tick leaves the row as it was, for the next worker. Times come
+from the database's clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import json
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from types import MappingProxyType, TracebackType
-from typing import Any, NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Any
 
-from cronsim import CronSim, CronSimError
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.db.models import F
 
 from . import payload, registry
+from .cron import SHORTHANDS as SHORTHANDS
+from .cron import Missed, Plan, Timing
 from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text
 from .models import Job, ScheduleState
 
 logger = logging.getLogger("django_dbqueue")
 
-# Cron's shorthands, as the five fields they stand for.
-SHORTHANDS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-# A tick enqueued at most this many seconds after its time is on time (workers
-# were busy, a worker died mid-tick: every such tick runs, in order); a later one
-# was missed while no worker ticked, and the schedule's ``missed`` policy applies.
-ON_TIME = 10.0
 # The longest a ticker sleeps, so a schedule enabled, disabled or changed by
 # another process (the admin, a deploy) is seen within this many seconds.
 MAX_SLEEP = 30.0
@@ -70,28 +47,8 @@ ERROR_RETRY = (1.0, 2.0, 5.0)
 STOP_WAIT = 5.0
 # Rows read per look: the due ones and the next to come.
 LOOK_AHEAD = 100
-# Missed ticks counted one by one before the latest is found by iterating backwards.
-COUNT_MISSED = 1000
 
 _schedules: dict[str, Schedule] = {}
-_DB_NOW = {"db_now": DbNow()}
-
-
-class Missed(enum.StrEnum):
-    """What to do with the ticks that passed while no worker ticked."""
-
-    # One run, for the latest of them.
-    ONCE = "once"
-    # No run: the schedule waits for its next tick.
-    SKIP = "skip"
-
-
-class Plan(NamedTuple):
-    """What a tick does: the tick to run (None: none), the next tick, and the ticks not run."""
-
-    run: datetime | None
-    next_tick: datetime
-    skipped: int
 
 
 class Outcome(enum.StrEnum):
@@ -103,60 +60,32 @@ class Outcome(enum.StrEnum):
     TAKEN = "taken"
 
 
-@dataclasses.dataclass(frozen=True)
-class Schedule:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Schedule(Timing):
     """A periodic run of a job, as declared in code; see ``periodic``."""
 
     name: str
     job_name: str
-    cron: str | None = None
-    every: int | None = None
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
-    # None: settings.TIME_ZONE.
-    timezone: str | None = None
-    missed: Missed = Missed.ONCE
     overlap: bool = True
     # Pass the tick (an aware datetime, in the schedule's time zone) under this keyword.
     tick_argument: str | None = None
     # The definition declared (with its ``.using(...)`` options); None: the registered one.
     definition: registry.JobDefinition[..., Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
-    @property
-    def expression(self) -> str:
-        return self.cron if self.cron is not None else f"every {self.every}s"
-
-    @property
-    def timezone_name(self) -> str:
-        return self.timezone or getattr(settings, "TIME_ZONE", None) or "UTC"
-
-    @property
-    def zone(self) -> ZoneInfo:
-        return ZoneInfo(self.timezone_name)
-
-    def expression_error(self) -> str | None:
-        """Why the cron expression cannot be used, or None."""
-        if self.cron is None:
-            return None
-        try:
-            next(CronSim(_fields(self.cron), datetime.now(UTC)))
-        except CronSimError as exc:
-            return f"{exc} in {self.cron!r}"
-        except StopIteration:
-            return f"{self.cron!r} never matches a date"
-        return None
-
-    def timezone_error(self) -> str | None:
-        """Why the time zone is unknown, or None."""
-        try:
-            ZoneInfo(self.timezone_name)
-        except (ZoneInfoNotFoundError, ValueError):
-            return f"{self.timezone_name!r} is not a time zone known to zoneinfo"
-        return None
-
     def arguments(self) -> str:
         """The arguments of each run, as stored JSON."""
         return json.dumps(payload.encode_arguments(self.args, dict(self.kwargs)), sort_keys=True)
+
+    def columns(self) -> dict[str, str]:
+        """What its ``ScheduleState`` row keeps of the declaration."""
+        return {
+            "job_name": self.job_name,
+            "expression": self.expression,
+            "timezone": self.timezone_name,
+            "arguments": self.arguments(),
+        }
 
     def call(self, tick: datetime) -> registry.JobCall:
         """The call to enqueue for ``tick``."""
@@ -165,62 +94,6 @@ class Schedule:
             kwargs[self.tick_argument] = tick.astimezone(self.zone)
         definition = self.definition if self.definition is not None else registry.get(self.job_name)
         return definition.bind(*self.args, **kwargs)
-
-    # -- time --------------------------------------------------------------
-
-    def ticks(self, after: datetime) -> Iterator[datetime]:
-        """The ticks strictly after ``after``, in UTC."""
-        if self.every is not None:
-            step = self.every
-            seconds = math.floor(after.timestamp()) // step * step + step
-            while True:
-                yield datetime.fromtimestamp(seconds, UTC)
-                seconds += step
-        last = after.astimezone(UTC)
-        for tick in CronSim(_fields(self.cron or ""), after.astimezone(self.zone)):
-            # Compared in UTC: aware times of one zone compare by wall clock, and in the
-            # hour autumn repeats a fixed-time tick can fall before ``after``.
-            moment = tick.astimezone(UTC)
-            if moment > last:
-                last = moment
-                yield moment
-
-    def next_after(self, moment: datetime) -> datetime:
-        return next(self.ticks(moment))
-
-    def latest_until(self, moment: datetime) -> datetime:
-        """The last tick at or before ``moment``."""
-        if self.every is not None:
-            return datetime.fromtimestamp(math.floor(moment.timestamp()) // self.every * self.every, UTC)
-        start = (moment + timedelta(microseconds=1)).astimezone(self.zone)
-        return next(CronSim(_fields(self.cron or ""), start, reverse=True)).astimezone(UTC)
-
-    def plan(self, due: datetime, now: datetime) -> Plan:
-        """What a tick at ``now`` does with the tick ``due`` (at or before ``now``)."""
-        if (now - due).total_seconds() <= ON_TIME:
-            return Plan(due, self.next_after(due), 0)
-        # Missed: ``due`` and every tick after it up to now.
-        missed = 0
-        latest = due
-        if self.every is not None:
-            latest = self.latest_until(now)
-            missed = round((latest - due).total_seconds()) // self.every
-        for tick in self.ticks(latest):
-            if tick > now:
-                break
-            latest, missed = tick, missed + 1
-            if missed >= COUNT_MISSED:
-                latest = self.latest_until(now)
-                break
-        missed += 1  # ``due`` itself
-        run: datetime | None = latest
-        if self.missed is Missed.SKIP and (now - latest).total_seconds() > ON_TIME:
-            run = None
-        return Plan(run, self.next_after(now), missed - (run is not None))
-
-
-def _fields(cron: str) -> str:
-    return SHORTHANDS.get(cron.strip().lower(), cron)
 
 
 # -- declaring ---------------------------------------------------------------
@@ -348,15 +221,7 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
     """
     stored = {row.name: row for row in ScheduleState.objects.filter(name__in=list(schedules))}
     new = [
-        ScheduleState(
-            name=schedule.name,
-            job_name=schedule.job_name,
-            expression=schedule.expression,
-            timezone=schedule.timezone_name,
-            arguments=schedule.arguments(),
-            created_at=DbNow(),
-            updated_at=DbNow(),
-        )
+        ScheduleState(name=schedule.name, **schedule.columns(), created_at=DbNow(), updated_at=DbNow())
         for schedule in schedules.values()
         if schedule.name not in stored
     ]
@@ -364,12 +229,7 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         ScheduleState.objects.bulk_create(new, ignore_conflicts=True)
     for name, row in stored.items():
         schedule = schedules[name]
-        declared = {
-            "job_name": schedule.job_name,
-            "expression": schedule.expression,
-            "timezone": schedule.timezone_name,
-            "arguments": schedule.arguments(),
-        }
+        declared = schedule.columns()
         if all(getattr(row, field) == value for field, value in declared.items()):
             continue
         changes: dict[str, Any] = {**declared, "updated_at": DbNow()}
@@ -379,23 +239,12 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         logger.info(
             "schedule changed schedule=%s expression=%s timezone=%s", name, schedule.expression, schedule.timezone_name
         )
-    _plan_first_ticks(schedules)
-
-
-def _plan_first_ticks(schedules: Mapping[str, Schedule]) -> None:
-    """Give the rows that have no ``next_tick`` yet (new, or changed) their first tick, in
-    one read and one UPDATE, rather than a transaction each: a worker that starts with
-    1,000 new schedules must not delay its first jobs. A row given its tick meanwhile
-    by another worker keeps that one (``next_tick IS NULL`` in the UPDATE)."""
-    unplanned = list(
-        ScheduleState.objects.filter(name__in=list(schedules), next_tick__isnull=True, enabled=True)
-        .annotate(**_DB_NOW)
-        .values_list("pk", "name", "db_now")
-    )
-    if not unplanned:
-        return
-    planned = [ScheduleState(pk=pk, next_tick=schedules[name].next_after(now)) for pk, name, now in unplanned if now]
-    _save_rows(planned, alias(), ("next_tick",), unless_set="next_tick")
+    # Rows with no next tick yet (new, or changed) get their first in one transaction, not one
+    # each: a worker that starts with 1,000 new schedules must not delay its first jobs.
+    unplanned = ScheduleState.objects.filter(name__in=list(schedules), next_tick__isnull=True, enabled=True)
+    first = [(pk, None) for pk in unplanned.values_list("pk", flat=True)]
+    if first:
+        tick_many(schedules, first)
 
 
 def _plan(schedule: Schedule, due: datetime, now: datetime, last_job_id: int | None, *, still_queued: bool) -> Plan:
@@ -422,76 +271,32 @@ def _plan(schedule: Schedule, due: datetime, now: datetime, last_job_id: int | N
 
 
 def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
-    """Handle the row ``pk`` of ``schedule`` if its ``next_tick`` is still ``expected``.
-
-    Enqueues the due tick (or none: missed, or overlapping) and moves
-    ``next_tick`` on, in one transaction; with ``expected`` None, only computes
-    ``next_tick``.
-    """
-    using = alias()
-    locking = claims_with_skip_locked(using)
-    with transaction.atomic(using=using):
-        rows = ScheduleState.objects.filter(pk=pk, enabled=True)
-        rows = rows.filter(next_tick=expected) if expected is not None else rows.filter(next_tick__isnull=True)
-        query = rows.annotate(**_DB_NOW)
-        if locking:
-            query = query.select_for_update(skip_locked=True)
-        state = query.first()
-        if state is None:
-            return Outcome.TAKEN
-        now = state.db_now
-        run: datetime | None = None
-        changes: dict[str, Any] = {"updated_at": now}
-        if expected is None:
-            changes["next_tick"] = schedule.next_after(now)
-        elif expected > now:
-            return Outcome.NOT_DUE
-        else:
-            queued = not schedule.overlap and _still_queued(state.last_job_id)
-            plan = _plan(schedule, expected, now, state.last_job_id, still_queued=queued)
-            run, skipped = plan.run, plan.skipped
-            changes.update(next_tick=plan.next_tick, skipped=F("skipped") + skipped)
-        if not locking:
-            # SQLite: the compare-and-set takes the write lock; a row moved on meanwhile is another's.
-            if not rows.update(**changes):
-                return Outcome.TAKEN
-            changes = {}
-        if run is not None:
-            handle = schedule.call(run).enqueue()
-            changes.update(last_tick=run, last_run_at=now, last_job_id=handle.id, runs=F("runs") + 1)
-            logger.info(
-                "schedule ticked schedule=%s tick=%s job=%s id=%s",
-                schedule.name,
-                run.isoformat(),
-                handle.name,
-                handle.id,
-            )
-        if changes:
-            ScheduleState.objects.filter(pk=pk).update(**changes)
-    if run is not None:
-        return Outcome.ENQUEUED
-    return Outcome.SCHEDULED if expected is None else Outcome.SKIPPED
+    """``tick_many`` for the one row ``pk`` of ``schedule``."""
+    return tick_many({schedule.name: schedule}, [(pk, expected)])[0]
 
 
 def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, datetime | None]]) -> list[Outcome]:
-    """``tick`` for many rows in one transaction: one locking read, one query for the last
-    runs of schedules that must not overlap, one bulk enqueue and one bulk UPDATE,
-    whatever the number of rows (a catch-up of 1,000 schedules after a deploy is a
-    few statements, not thousands). For databases with row locks (``SKIP LOCKED``);
-    rows another worker holds, or moved on meanwhile, come back ``TAKEN``.
+    """Tick each row ``(pk, next_tick)`` of ``due`` whose ``next_tick`` is still the one read:
+    enqueue its due tick (or none: missed, or overlapping) and move ``next_tick`` on; a row
+    with no ``next_tick`` only gets one. One transaction for all rows: one locking read (on
+    SQLite a read, then a compare-and-set of each row), one query for the last runs of
+    schedules that must not overlap, one bulk enqueue and one UPDATE sent for every row, so a
+    catch-up of 1,000 schedules after a deploy is a few statements, not thousands. Rows another
+    worker holds, or moved on meanwhile, come back ``TAKEN``.
     """
     using = alias()
+    locking = claims_with_skip_locked(using)
     expected = dict(due)
     outcomes: dict[int, Outcome] = dict.fromkeys(expected, Outcome.TAKEN)
     with transaction.atomic(using=using):
-        states = [
-            state
-            for state in ScheduleState.objects.filter(pk__in=list(expected), enabled=True)
-            .annotate(**_DB_NOW)
-            .select_for_update(skip_locked=True)
-            .order_by("pk")
-            if state.next_tick == expected[state.pk] and state.name in schedules
-        ]
+        query = ScheduleState.objects.filter(pk__in=list(expected), enabled=True).annotate(db_now=DbNow())
+        if locking:
+            query = query.select_for_update(skip_locked=True)
+        states = [s for s in query.order_by("pk") if s.next_tick == expected[s.pk] and s.name in schedules]
+        if not locking:
+            # SQLite: a compare-and-set of next_tick takes the write lock; a row moved on meanwhile is another's.
+            rows = ScheduleState.objects.filter(enabled=True)
+            states = [s for s in states if rows.filter(pk=s.pk, next_tick=s.next_tick).update(updated_at=s.db_now)]
         watched = {state.last_job_id for state in states if state.last_job_id and not schedules[state.name].overlap}
         queued = set(Job.objects.filter(pk__in=watched).values_list("pk", flat=True)) if watched else set()
         calls: list[registry.JobCall] = []
@@ -507,19 +312,19 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
                 outcomes[state.pk] = Outcome.NOT_DUE
                 continue
             plan = _plan(schedule, state.next_tick, now, state.last_job_id, still_queued=state.last_job_id in queued)
-            run, skipped = plan.run, plan.skipped
-            state.next_tick, state.skipped = plan.next_tick, state.skipped + skipped
+            state.next_tick, state.skipped = plan.next_tick, state.skipped + plan.skipped
             outcomes[state.pk] = Outcome.SKIPPED
-            if run is not None:
-                calls.append(schedule.call(run))
-                runs.append((state, run))
-        for (state, run), handle in zip(runs, registry.enqueue_many(calls) if calls else [], strict=True):
-            state.last_tick, state.last_run_at, state.last_job_id, state.runs = (
-                run,
-                state.db_now,
-                handle.id,
-                state.runs + 1,
-            )
+            if plan.run is not None:
+                calls.append(schedule.call(plan.run))
+                runs.append((state, plan.run))
+        # Plain MySQL's bulk insert returns no ids: each run is enqueued on its own.
+        if connections[using].features.can_return_rows_from_bulk_insert:
+            handles = registry.enqueue_many(calls) if calls else []
+        else:
+            handles = [call.enqueue() for call in calls]
+        for (state, run), handle in zip(runs, handles, strict=True):
+            state.last_tick, state.last_run_at, state.last_job_id = run, state.db_now, handle.id
+            state.runs += 1
             outcomes[state.pk] = Outcome.ENQUEUED
             logger.info(
                 "schedule ticked schedule=%s tick=%s job=%s id=%s", state.name, run.isoformat(), handle.name, handle.id
@@ -532,32 +337,24 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
 _TICK_FIELDS = ("next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs")
 
 
-def _save_rows(
-    states: Sequence[ScheduleState], using: str, names: Sequence[str], *, unless_set: str | None = None
-) -> None:
+def _save_rows(states: Sequence[ScheduleState], using: str, names: Sequence[str]) -> None:
     """Write ``names`` of many rows with one parameterised UPDATE sent for all of them
-    (``executemany``; psycopg pipelines it), skipping a row whose ``unless_set`` field is
-    no longer NULL. ``bulk_update`` builds a CASE per field and row, about 2 ms of CPU
-    per row: 1,000 schedules would take a worker's GIL for seconds."""
+    (``executemany``; psycopg pipelines it). ``bulk_update`` builds a CASE per field and row, whose CPU grows with
+    the rows: a catch-up of many schedules would hold a worker's GIL for seconds."""
     connection = connections[using]
     meta = ScheduleState._meta
     by_name = {field.name: field for field in meta.concrete_fields}
     fields = [by_name[name] for name in names]
     quote = connection.ops.quote_name
     assignments = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
-    condition = f" AND {quote(str(by_name[unless_set].column))} IS NULL" if unless_set else ""
     pk = quote(str(by_name["id"].column))
-    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s{condition}"
+    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s"
     params = [
         [field.get_db_prep_save(getattr(state, field.attname), connection) for field in fields] + [state.pk]
         for state in states
     ]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
-
-
-def _still_queued(job_id: int | None) -> bool:
-    return job_id is not None and Job.objects.filter(pk=job_id).exists()
 
 
 def run_now(name: str) -> Any:
@@ -571,7 +368,7 @@ def run_now(name: str) -> Any:
         raise LookupError(f"Schedule {name!r} names the job {schedule.job_name!r}, which is not registered")
     sync({name: schedule})
     with transaction.atomic(using=alias()):
-        state = ScheduleState.objects.select_for_update().annotate(**_DB_NOW).get(name=name)
+        state = ScheduleState.objects.select_for_update().annotate(db_now=DbNow()).get(name=name)
         now = state.db_now
         handle = schedule.call(now).enqueue()
         ScheduleState.objects.filter(pk=state.pk).update(
@@ -601,7 +398,7 @@ class Ticker:
 
     The thread has its own database connection (closed when it stops). It
     writes the schedules to their rows once, then loops: one query reads the due
-    rows and the next to come; each due tick is a short transaction; then it
+    rows and the next to come; the due ticks are one short transaction; then it
     sleeps until the next tick, ``MAX_SLEEP`` seconds at most. A process without
     schedules starts no thread.
     """
@@ -649,12 +446,6 @@ class Ticker:
             self.statements,
             self.queries_per_minute(),
         )
-
-    @functools.cached_property
-    def batched(self) -> bool:
-        """Tick due rows in batches (``tick_many``) where rows can be locked and the bulk
-        enqueue returns ids (not SQLite, not plain MySQL); else one ``tick`` each."""
-        return claims_with_skip_locked() and bool(connections[alias()].features.can_return_rows_from_bulk_insert)
 
     def queries_per_minute(self) -> float:
         minutes = (time.monotonic() - self._started) / 60 if self._started else 0
@@ -705,39 +496,20 @@ class Ticker:
         """Tick what is due; return the seconds until the next look."""
         rows = list(
             ScheduleState.objects.filter(name__in=list(schedules), enabled=True)
-            .annotate(**_DB_NOW)
+            .annotate(db_now=DbNow())
             .order_by(F("next_tick").asc(nulls_first=True), "pk")
             .values_list("pk", "name", "next_tick", "db_now")[:LOOK_AHEAD]
         )
         read = time.monotonic()
-        delay = MAX_SLEEP
-        worked = busy = False
-        if self.batched:
-            due = [(pk, next_tick) for pk, _, next_tick, now in rows if next_tick is None or next_tick <= now]
-            if due:
-                outcomes = tick_many(schedules, due)
-                self.ticked += outcomes.count(Outcome.ENQUEUED)
-                if Outcome.TAKEN in outcomes:
-                    return BUSY_RETRY
-                return 0  # read the rows again: the ones just ticked have new next ticks
-            rows = rows[:1]  # the next to come
-        for pk, name, next_tick, now in rows:
-            if self._stopping.is_set():
-                return 0
-            if next_tick is not None and next_tick > now:
-                delay = (next_tick - now).total_seconds() - (time.monotonic() - read)
-                break
-            outcome = tick(schedules[name], pk, next_tick)
-            self.ticked += outcome is Outcome.ENQUEUED
-            if outcome is Outcome.TAKEN:
-                busy = True
-            else:
-                worked = True
-        else:
-            if len(rows) == LOOK_AHEAD:
-                return 0
-        if worked:
-            return 0  # read the rows again: the ones just ticked have new next ticks
-        if busy:
-            return BUSY_RETRY  # another worker is ticking a due row: look again once it is done
+        due = [(pk, next_tick) for pk, _, next_tick, now in rows if next_tick is None or next_tick <= now]
+        if due:
+            outcomes = tick_many(schedules, due)
+            self.ticked += outcomes.count(Outcome.ENQUEUED)
+            # Another worker is ticking a due row: look again once it is done. Else read the
+            # rows again: the ones just ticked have new next ticks.
+            return BUSY_RETRY if Outcome.TAKEN in outcomes else 0
+        if not rows:
+            return MAX_SLEEP
+        _, _, next_tick, now = rows[0]
+        delay: float = (next_tick - now).total_seconds() - (time.monotonic() - read)
         return max(0.0, min(delay, MAX_SLEEP))

@@ -1,4 +1,5 @@
-"""Argument types shared by the queue_* commands; each raises ArgumentTypeError with a clear message."""
+"""Argument types of the queue_* commands (and the health view's query): each refuses a bad value
+with an ArgumentTypeError that says why."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from django_dbqueue.operations import parse_ids
 
 # A century: more is a typo, and the database's date arithmetic overflows long before timedelta's.
 MAX_HOURS = 100 * 365 * 24
+# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
+MAX_ID = 2**63 - 1
 ALL = "all"
 
 
@@ -29,29 +32,24 @@ def hours(text: str) -> float:
 
 
 def number(
-    kind: Callable[[str], float], minimum: float, label: str, maximum: float | None = None
+    kind: Callable[[str], float], minimum: float, label: str, maximum: int | None = None
 ) -> Callable[[str], Any]:
-    """A number of ``kind`` (int or float) from ``minimum`` to ``maximum``; ``label`` says what it is."""
+    """A finite number of ``kind`` (int or float) from ``minimum`` to ``maximum``; ``label`` names it."""
 
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {label}") from None
+            value = math.nan
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not {label}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum:g}")
         if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be at most {_plain(maximum)}")
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {maximum}")
         return value
 
     return parse
-
-
-def _plain(value: float) -> str:
-    """``2147483647`` rather than ``2.14748e+09``; ``0.5`` as it is."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -60,15 +58,10 @@ def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], in
 
 def seconds(minimum: float = 0, *, whole: bool = False) -> Callable[[str], Any]:
     """Seconds from ``minimum`` to ``validation.MAX_SECONDS`` (about 68 years), the columns' bound."""
-    if whole:
-        return number(int, minimum, "whole seconds", validation.MAX_SECONDS)
-    return number(float, minimum, "seconds", validation.MAX_SECONDS)
+    return number(int if whole else float, minimum, "whole seconds" if whole else "seconds", validation.MAX_SECONDS)
 
 
-def tries(text: str) -> int:
-    """Tries, from 1 to ``validation.MAX_TRIES``, the column's bound."""
-    value: int = number(int, 1, "a whole number", validation.MAX_TRIES)(text)
-    return value
+tries = whole_number(1, validation.MAX_TRIES)
 
 
 def queue_list(text: str) -> list[str]:
@@ -78,11 +71,7 @@ def queue_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"{text!r} has an empty queue name; write --queue high,default")
     if len(set(queues)) != len(queues):
         raise argparse.ArgumentTypeError(f"{text!r} names a queue twice")
-    for queue in queues:
-        error = validation.queue_name_error(queue)
-        if error is not None:
-            raise argparse.ArgumentTypeError(error)
-    return queues
+    return [queue_name(queue) for queue in queues]
 
 
 def backoff(text: str) -> float | list[float]:
@@ -90,7 +79,7 @@ def backoff(text: str) -> float | list[float]:
     try:
         values = [float(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not seconds, or a comma-separated list of seconds") from None
+        values = [math.nan]
     if not all(math.isfinite(value) for value in values):
         raise argparse.ArgumentTypeError(f"{text!r} is not seconds, or a comma-separated list of seconds")
     if any(value < 0 for value in values):
@@ -119,23 +108,4 @@ def ids(text: str) -> str:
 
 
 def ids_or_all(text: str) -> str:
-    """Like ``ids``, or the word ``all``."""
     return ALL if text.strip().lower() == ALL else ids(text)
-
-
-# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
-MAX_ID = 2**63 - 1
-
-
-def add_batch_ids(parser: Any) -> None:
-    """The positional batch ids of ``queue_retry_batch`` and ``queue_cancel_batch``."""
-    parser.add_argument(
-        "ids", nargs="+", type=whole_number(1, MAX_ID), metavar="ID", help="Batch ids (see queue_batches)."
-    )
-
-
-def id_words(ids: list[int]) -> str:
-    """``id 3`` or ``ids 3, 5-9``."""
-    from django_dbqueue.operations import format_ids
-
-    return f"id {ids[0]}" if len(ids) == 1 else f"ids {format_ids(ids)}"

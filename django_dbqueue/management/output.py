@@ -1,15 +1,12 @@
-"""Terminal output shared by the queue_* commands: tables that fit 80 columns, short ages,
-confirmations and a progress line."""
+"""Terminal output of the queue_* commands: tables that fit 80 columns, short ages and a progress line."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from django.core.management.base import CommandError, OutputWrapper
+from django.core.management.base import OutputWrapper
 
 # One column short of 80, so a terminal never wraps a full line.
 WIDTH = 79
@@ -111,43 +108,7 @@ def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
-def add_confirmation_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--force`` and ``--no-input``, the options ``confirm`` reads."""
-    parser.add_argument("--force", action="store_true", help="Delete without asking.")
-    parser.add_argument(
-        "--noinput",
-        "--no-input",
-        action="store_false",
-        dest="interactive",
-        help="Never ask: without --force, stop with an error instead.",
-    )
-
-
-def confirm(stdout: OutputWrapper, options: dict[str, Any], *, doing: str, question: str) -> bool:
-    """Ask ``question [y/N]`` on the terminal unless ``--force`` was given; tell whether the answer is yes.
-
-    Raise CommandError when nobody can answer (``--no-input``, or stdin is not
-    a terminal), naming what needs the confirmation (``doing``) and ``--force``.
-    """
-    if options["force"]:
-        return True
-    stdin: Any = options.get("stdin", sys.stdin)
-    if not options["interactive"] or not is_terminal(stdin):
-        why = "--no-input was given" if not options["interactive"] else "stdin is not a terminal"
-        raise CommandError(f"{doing} needs a confirmation, and {why}: pass --force to delete without asking.")
-    stdout.write(f"{question} [y/N] ", ending="")
-    stdout.flush()
-    try:
-        answer = stdin.readline()
-    except KeyboardInterrupt:
-        answer = ""
-    if not answer.endswith("\n"):
-        stdout.write("")
-    return str(answer).strip().lower() in {"y", "yes"}
-
-
 def is_terminal(stream: Any) -> bool:
-    """Tell whether ``stream`` is an interactive terminal."""
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 
@@ -167,7 +128,6 @@ class ProgressLine:
         self._drawn_at = 0.0
 
     def update(self, done: int) -> None:
-        """Record that ``done`` items are done, and redraw if the last redraw is old enough."""
         self.done = done
         now = time.monotonic()
         if self.shown and (now - self._drawn_at >= self.EVERY or done >= self.total):

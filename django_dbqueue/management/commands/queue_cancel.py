@@ -1,16 +1,12 @@
-"""``manage.py queue_cancel``: cancel waiting, delayed or running jobs by id."""
-
-from __future__ import annotations
-
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_dbqueue import operations
-from django_dbqueue.management import options
+from django_dbqueue.management.base import IDS, QueueCommand
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Cancel jobs by id (3 5-9 12,14). A waiting or delayed job moves to the failed jobs as cancelled; "
         "a running one is asked to stop (--hard: stopped as at a timeout). Exits 1 if an id is no waiting "
@@ -18,9 +14,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument(
-            "ids", nargs="+", type=options.ids, metavar="ID", help="Job ids: 3, a range 5-9, a list 12,14."
-        )
+        self.add_ids(parser, f"Job ids: {IDS}.")
         parser.add_argument(
             "--hard",
             action="store_true",
@@ -30,19 +24,17 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         outcomes = operations.cancel_jobs(operations.parse_ids(opts["ids"]), hard=opts["hard"], reason=opts["reason"])
-        by_outcome: dict[str, list[int]] = {}
+        by_outcome: dict[str, list[int]] = {"cancelled": [], "requested": [], "missing": []}
         for pk, outcome in outcomes.items():
-            by_outcome.setdefault(outcome, []).append(pk)
-        if by_outcome.get("cancelled"):
-            ids = operations.format_ids(by_outcome["cancelled"])
-            self.stdout.write(self.style.SUCCESS(f"Cancelled {len(by_outcome['cancelled'])} job(s): {ids}."))
-        if by_outcome.get("requested"):
-            ids = operations.format_ids(by_outcome["requested"])
+            by_outcome[outcome].append(pk)
+        cancelled, requested, missing = by_outcome.values()
+        if cancelled:
+            self.success(f"Cancelled {len(cancelled)} job(s): {operations.format_ids(cancelled)}.")
+        if requested:
             how = "stopped at once" if opts["hard"] else "asked to stop"
-            self.stdout.write(self.style.SUCCESS(f"{len(by_outcome['requested'])} running job(s) {how}: {ids}."))
-        if by_outcome.get("missing"):
-            ids = operations.format_ids(by_outcome["missing"])
+            self.success(f"{len(requested)} running job(s) {how}: {operations.format_ids(requested)}.")
+        if missing:
             raise CommandError(
-                f"No waiting or running job has the id {ids}: unknown, or already finished "
-                "(see queue_failed for failed and cancelled ones)."
+                f"No waiting or running job has the id {operations.format_ids(missing)}: unknown, or already "
+                "finished (see queue_failed for failed and cancelled ones)."
             )

@@ -1,59 +1,33 @@
-"""``manage.py queue_failed``: list the failed jobs, newest first."""
-
-from __future__ import annotations
-
 from typing import Any
 
-from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from django_dbqueue import operations
-from django_dbqueue.management import options, output
+from django_dbqueue.management.base import QueueCommand
+from django_dbqueue.models import FailedJob
 
-DEFAULT_LIMIT = 50
+
+def _row(job: FailedJob) -> list[str]:
+    failed_at = timezone.localtime(job.failed_at).strftime("%Y-%m-%d %H:%M")
+    # Built-in exceptions are known by their bare name.
+    return [str(job.pk), job.queue, job.name, failed_at, job.exception_class.removeprefix("builtins.")]
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "List the failed jobs, newest first: id, queue, name, when it failed and the exception class."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument(
-            "--queue",
-            type=options.queue_name,
-            default=None,
-            help="Only the failed jobs of this queue (default: every queue).",
-        )
-        parser.add_argument(
-            "--name", default=None, help="Only the failed jobs with this job name (default: every name)."
-        )
-        parser.add_argument(
-            "--limit",
-            type=options.whole_number(1),
-            default=DEFAULT_LIMIT,
-            metavar="N",
-            help=f"Show at most N failed jobs (default: {DEFAULT_LIMIT}).",
-        )
+        self.add_queue(parser, "Only the failed jobs of this queue (default: every queue).")
+        parser.add_argument("--name", help="Only the failed jobs with this job name (default: every name).")
+        self.add_limit(parser, "failed jobs")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        failed = operations.failed_jobs(queue=opts["queue"], name=opts["name"])
-        shown = list(failed[: opts["limit"]])
-        if not shown:
-            self.stdout.write(self.style.SUCCESS("No failed jobs."))
-            return
-        rows = [
-            [
-                str(row.pk),
-                row.queue,
-                row.name,
-                timezone.localtime(row.failed_at).strftime("%Y-%m-%d %H:%M"),
-                # Built-in exceptions are known by their bare name.
-                row.exception_class.removeprefix("builtins."),
-            ]
-            for row in shown
-        ]
-        headers = ["id", "queue", "name", "failed at", "exception class"]
-        for line in output.table(headers, rows, shrink=(1, 2, 4), right=(0,)):
-            self.stdout.write(line)
-        total = failed.count() if len(shown) == opts["limit"] else len(shown)
-        if total > len(shown):
-            self.stdout.write(f"{len(shown)} of {total} failed jobs shown; --limit shows more.")
+        self.listing(
+            operations.failed_jobs(queue=opts["queue"], name=opts["name"]),
+            opts["limit"],
+            "failed jobs",
+            ["id", "queue", "name", "failed at", "exception class"],
+            _row,
+            shrink=(1, 2, 4),
+            right=(0,),
+        )

@@ -1,16 +1,13 @@
-"""``manage.py queue_health``: a probe for Kubernetes or systemd; exit 0 healthy, 1 unhealthy, 2 cannot tell."""
-
-from __future__ import annotations
-
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_dbqueue import health
 from django_dbqueue.management import options
+from django_dbqueue.management.base import QueueCommand
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Check that the queue's database answers, that this host runs live workers, and (with "
         "--max-depth or --max-age) that no queue is falling behind. Print one line and exit 0 when "
@@ -38,36 +35,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-depth",
             type=options.whole_number(0),
-            default=None,
             metavar="N",
             help="Unhealthy when a queue has more than N waiting jobs (default: no limit).",
         )
         parser.add_argument(
             "--max-age",
             type=options.seconds(0),
-            default=None,
             metavar="SECONDS",
             help="Unhealthy when a queue's oldest waiting job has waited longer (default: no limit).",
         )
-        parser.add_argument(
-            "--queue",
-            type=options.queue_name,
-            nargs="+",
-            action="extend",
-            default=None,
-            help="Queues that --max-depth and --max-age judge (default: every queue with jobs).",
+        self.add_queue(
+            parser, "Queues that --max-depth and --max-age judge (default: every queue with jobs).", many=True
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        report = health.probe(
-            health.Thresholds(
-                workers=opts["workers"],
-                host=None if opts["any_host"] else opts["host"],
-                max_depth=opts["max_depth"],
-                max_age=opts["max_age"],
-                queues=opts["queue"],
-            )
-        )
+        host = None if opts["any_host"] else opts["host"]
+        limits = {"max_depth": opts["max_depth"], "max_age": opts["max_age"], "queues": opts["queue"]}
+        report = health.probe(health.Thresholds(workers=opts["workers"], host=host, **limits))
         if report.status != health.Status.HEALTHY:
             raise CommandError(report.reason, returncode=int(report.status))
-        self.stdout.write(self.style.SUCCESS(report.reason))
+        self.success(report.reason)

@@ -1,16 +1,14 @@
-"""``manage.py queue_monitor``: the size of each queue; fails when one is over --max."""
-
-from __future__ import annotations
-
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_dbqueue import operations, workers
-from django_dbqueue.management import options, output
+from django_dbqueue.management import options
+from django_dbqueue.management.base import QueueCommand
+from django_dbqueue.management.output import age, plural
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Show each queue's waiting, delayed, reserved and failed jobs and how long the oldest "
         "waiting job has waited, and which queues are paused; warn about queues with waiting jobs "
@@ -19,18 +17,14 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument(
-            "--queue",
-            type=options.queue_name,
-            nargs="+",
-            action="extend",
-            default=None,
-            help="Queues to show, in this order, even if empty (default: every queue that has jobs or failed jobs).",
+        self.add_queue(
+            parser,
+            "Queues to show, in this order, even if empty (default: every queue that has jobs or failed jobs).",
+            many=True,
         )
         parser.add_argument(
             "--max",
             type=options.whole_number(0),
-            default=None,
             metavar="N",
             help="Fail when a queue has more than N waiting, delayed and reserved jobs (default: no limit).",
         )
@@ -38,23 +32,14 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         stats = operations.queue_overview_of(opts["queue"]) if opts["queue"] else operations.queue_overview()
         if not stats:
-            self.stdout.write(self.style.SUCCESS("No jobs."))
+            self.success("No jobs.")
             return
-        headers = ["queue", "waiting", "delayed", "blocked", "reserved", "failed", "oldest waiting"]
+        counts = ("waiting", "delayed", "blocked", "reserved", "failed")
         rows = [
-            [
-                item.queue,
-                str(item.waiting),
-                str(item.delayed),
-                str(item.blocked),
-                str(item.reserved),
-                str(item.failed),
-                output.age(item.oldest_waiting_seconds),
-            ]
+            [item.queue, *(str(getattr(item, count)) for count in counts), age(item.oldest_waiting_seconds)]
             for item in stats
         ]
-        for line in output.table(headers, rows, shrink=(0,), right=(1, 2, 3, 4, 5)):
-            self.stdout.write(line)
+        self.table(["queue", *counts, "oldest waiting"], rows, shrink=(0,), right=(1, 2, 3, 4, 5))
         for item in stats:
             if item.paused:
                 self.stdout.write(
@@ -63,7 +48,7 @@ class Command(BaseCommand):
         for item in operations.unserved(stats):
             self.stderr.write(
                 self.style.WARNING(
-                    f"Queue '{item.queue}' has {output.plural(item.waiting, 'waiting job')} and no live worker "
+                    f"Queue '{item.queue}' has {plural(item.waiting, 'waiting job')} and no live worker "
                     f"serving it (none seen in the last {workers.dead_after():g} s): start one with "
                     f"queue_work --queue {item.queue}."
                 )
@@ -73,5 +58,5 @@ class Command(BaseCommand):
         over = operations.queues_over(stats, opts["max"])
         if over:
             names = ", ".join(f"{item.queue} ({item.size})" for item in over)
-            raise CommandError(f"Over {output.plural(opts['max'], 'job')} (waiting, delayed and reserved): {names}")
-        self.stdout.write(self.style.SUCCESS(f"Every queue holds at most {output.plural(opts['max'], 'job')}."))
+            raise CommandError(f"Over {plural(opts['max'], 'job')} (waiting, delayed and reserved): {names}")
+        self.success(f"Every queue holds at most {plural(opts['max'], 'job')}.")

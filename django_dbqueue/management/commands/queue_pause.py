@@ -1,16 +1,11 @@
-"""``manage.py queue_pause``: stop workers from claiming the jobs of queues, until queue_resume."""
-
-from __future__ import annotations
-
 from typing import Any
-
-from django.core.management.base import BaseCommand, CommandError
 
 from django_dbqueue import pauses
 from django_dbqueue.management import options
+from django_dbqueue.management.base import QueueCommand
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Pause queues: no worker, on any host, claims their jobs until queue_resume. Jobs can still be "
         "enqueued, and running jobs finish. Exits 1, pausing none, if a queue is unknown (nothing uses it)."
@@ -26,12 +21,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        try:
+        with self.refusing(ValueError, "paused"):
             changed = pauses.pause_many(opts["queues"], force=opts["force"])
-        except ValueError as exc:
-            raise CommandError(f"Nothing was paused: {exc}.") from None
         for queue, paused in changed.items():
             if paused:
-                self.stdout.write(self.style.SUCCESS(f"Paused queue '{queue}'."))
+                self.success(f"Paused queue '{queue}'.")
             else:
                 self.stdout.write(f"Queue '{queue}' was already paused.")

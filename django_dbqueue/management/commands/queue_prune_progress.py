@@ -1,23 +1,11 @@
-"""``manage.py queue_prune_progress --hours N``: delete old progress rows."""
-
-from __future__ import annotations
-
-from typing import Any
-
-from django.core.management.base import BaseCommand
-
-from django_dbqueue.management.options import hours
-from django_dbqueue.progress import prune
+from django_dbqueue import progress
+from django_dbqueue.management.base import PruneCommand
 
 
-class Command(BaseCommand):
+class Command(PruneCommand):
     help = "Delete progress rows (of jobs and chains) not updated for N hours."
+    hours_help = "Delete rows older than this many hours (required)."
+    done = "Deleted {count} progress row(s) older than {hours:g} h."
 
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument(
-            "--hours", type=hours, required=True, help="Delete rows older than this many hours (required)."
-        )
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        count = prune(options["hours"])
-        self.stdout.write(self.style.SUCCESS(f"Deleted {count} progress row(s) older than {options['hours']:g} h."))
+    def prune(self, hours: float) -> int:
+        return progress.prune(hours)

@@ -1,17 +1,13 @@
-"""``manage.py queue_restart``: ask every worker, on every host, to exit after its current job."""
-
-from __future__ import annotations
-
 from typing import Any
 
-from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from django_dbqueue import operations
+from django_dbqueue.management.base import QueueCommand
 from django_dbqueue.worker import RESTART_CHECK_INTERVAL
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Ask every worker, on every host, to finish its current job and exit, so the process "
         "manager starts it again on new code (run after a deploy)."
@@ -19,9 +15,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         requested = operations.request_restart()
-        self.stdout.write(
-            self.style.SUCCESS(f"Restart requested at {timezone.localtime(requested):%Y-%m-%d %H:%M:%S}.")
-        )
+        self.success(f"Restart requested at {timezone.localtime(requested):%Y-%m-%d %H:%M:%S}.")
         self.stdout.write(
             f"Every worker finishes its current job and exits; workers look for the request\n"
             f"every {RESTART_CHECK_INTERVAL:g} s. Under --concurrency the supervisor exits too. Your process\n"

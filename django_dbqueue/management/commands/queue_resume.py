@@ -1,16 +1,13 @@
-"""``manage.py queue_resume``: let workers claim the jobs of paused queues again."""
-
-from __future__ import annotations
-
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_dbqueue import pauses
 from django_dbqueue.management import options
+from django_dbqueue.management.base import QueueCommand
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "Resume paused queues (or --all of them): workers claim their jobs again."
 
     def add_arguments(self, parser: Any) -> None:
@@ -21,14 +18,13 @@ class Command(BaseCommand):
         if opts["all"] == bool(opts["queues"]):
             raise CommandError("Name the queues to resume, or pass --all (not both).")
         if opts["all"]:
-            resumed = pauses.resume_all()
-            for queue in resumed:
-                self.stdout.write(self.style.SUCCESS(f"Resumed queue '{queue}'."))
+            resumed = dict.fromkeys(pauses.resume_all(), True)
             if not resumed:
                 self.stdout.write("No queue was paused.")
-            return
-        for queue, was_paused in pauses.resume_many(opts["queues"]).items():
+        else:
+            resumed = pauses.resume_many(opts["queues"])
+        for queue, was_paused in resumed.items():
             if was_paused:
-                self.stdout.write(self.style.SUCCESS(f"Resumed queue '{queue}'."))
+                self.success(f"Resumed queue '{queue}'.")
             else:
                 self.stdout.write(f"Queue '{queue}' was not paused.")

@@ -1,20 +1,17 @@
-"""``manage.py queue_retry``: put failed jobs back on the queue as fresh jobs."""
-
-from __future__ import annotations
-
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_dbqueue import operations
 from django_dbqueue.exceptions import FailedJobsNotFound
 from django_dbqueue.management import options, output
+from django_dbqueue.management.base import IDS, QueueCommand
 
 USAGE = "Say which failed jobs to retry: ids (queue_retry 3 5-9 12,14), --queue QUEUE, --name NAME, or all."
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Put failed jobs back on the queue as fresh jobs: by id (3 5-9 12,14, all or none, in one "
         "transaction), or by --queue and/or --name, or all of them (a transaction per "
@@ -22,45 +19,29 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
+        self.add_ids(parser, f"Failed job ids: {IDS}; or the word 'all'.", nargs="*", type=options.ids_or_all)
+        self.add_queue(parser, "Retry the failed jobs of this queue (default: any queue, if --name is given).")
         parser.add_argument(
-            "ids",
-            nargs="*",
-            type=options.ids_or_all,
-            metavar="ID",
-            help="Failed job ids: 3, a range 5-9, a list 12,14; or the word 'all'.",
-        )
-        parser.add_argument(
-            "--queue",
-            type=options.queue_name,
-            default=None,
-            help="Retry the failed jobs of this queue (default: any queue, if --name is given).",
-        )
-        parser.add_argument(
-            "--name",
-            default=None,
-            help="Retry the failed jobs with this job name (default: any name, if --queue is given).",
+            "--name", help="Retry the failed jobs with this job name (default: any name, if --queue is given)."
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         specs = [spec for spec in opts["ids"] if spec != options.ALL]
-        every = options.ALL in opts["ids"]
         filtered = opts["queue"] is not None or opts["name"] is not None
-        selectors = [bool(specs), every, filtered]
+        selectors = [bool(specs), options.ALL in opts["ids"], filtered]
         if not any(selectors):
             raise CommandError(USAGE)
         if sum(selectors) > 1:
             raise CommandError("Pass ids, --queue/--name, or all: one kind of selection at a time.")
         if specs:
-            try:
+            with self.refusing(FailedJobsNotFound, "retried"):
                 count = operations.retry_failed_ids(operations.parse_ids(specs))
-            except FailedJobsNotFound as exc:
-                raise CommandError(f"Nothing was retried: {exc}.") from None
         else:
             count = self._retry_selection(operations.failed_jobs(queue=opts["queue"], name=opts["name"]))
         if not count:
-            self.stdout.write(self.style.WARNING("No failed job matched: 0 job(s) were put back on the queue."))
-            return
-        self.stdout.write(self.style.SUCCESS(f"{count:,} job(s) were put back on the queue."))
+            self.warning("No failed job matched: 0 job(s) were put back on the queue.")
+        else:
+            self.success(f"{count:,} job(s) were put back on the queue.")
 
     def _retry_selection(self, selection: Any) -> int:
         """Retry ``selection`` chunk by chunk, drawing a progress line on a terminal."""

@@ -1,131 +1,106 @@
-"""``manage.py queue_work``: run a worker (or, with --concurrency, a supervised pool)."""
-
-from __future__ import annotations
-
 import logging
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_dbqueue import conf, registry
 from django_dbqueue.checks import check_worker, check_worker_connections, check_worker_queues
 from django_dbqueue.execution import Defaults
-from django_dbqueue.management.options import backoff, number, queue_list, seconds, tries
+from django_dbqueue.management.base import QueueCommand
+from django_dbqueue.management.options import backoff, number, queue_list, seconds, tries, whole_number
 from django_dbqueue.supervisor import Supervisor
 from django_dbqueue.worker import BATCH_WINDOW, DEFAULT_BATCH, MAX_ASYNC, MAX_THREADS, StopReason, Worker, WorkerOptions
 
 # Laravel's queue:work exits with 12 when it stops for memory.
 EXIT_MEMORY = 12
+# Options that, when not given, take the setting of their name.
+FROM_SETTINGS = ("sleep", "tries", "timeout", "backoff")
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "Run jobs from the queue until stopped (SIGTERM or SIGINT finish the current job first)."
 
     def add_arguments(self, parser: Any) -> None:
         settings = conf.get_settings()
-        parser.add_argument(
+        add = parser.add_argument
+        add(
             "--queue",
             type=queue_list,
-            default=None,
             help=f"Queues to serve, comma-separated, highest priority first (default: {settings['QUEUE']}).",
         )
-        parser.add_argument(
-            "--sleep",
-            type=seconds(),
-            default=None,
-            help=f"Seconds to wait when no job is available (default: {settings['SLEEP']}).",
-        )
-        parser.add_argument(
-            "--tries",
-            type=tries,
-            default=None,
-            help=f"Tries for jobs that set none (default: {settings['TRIES']}).",
-        )
-        parser.add_argument(
+        add("--sleep", type=seconds(), help=f"Seconds to wait when no job is available (default: {settings['SLEEP']}).")
+        add("--tries", type=tries, help=f"Tries for jobs that set none (default: {settings['TRIES']}).")
+        add(
             "--timeout",
             type=seconds(whole=True),
-            default=None,
             help=f"Seconds a job may run, for jobs that set none; 0 for no limit (default: {settings['TIMEOUT']}).",
         )
-        parser.add_argument(
+        add(
             "--backoff",
             type=backoff,
-            default=None,
             help=f"Seconds before a failed job runs again, or one per attempt as "
             f"'10,60,300', for jobs that set none (default: {settings['BACKOFF']}).",
         )
-        parser.add_argument(
-            "--max-jobs",
-            type=number(int, 1, "a whole number"),
-            default=None,
-            help="Stop after this many jobs (default: no limit).",
-        )
-        parser.add_argument(
-            "--max-time",
-            type=seconds(0.001),
-            default=None,
-            help="Stop after this many seconds (default: no limit).",
-        )
-        parser.add_argument(
+        add("--max-jobs", type=whole_number(1), help="Stop after this many jobs (default: no limit).")
+        add("--max-time", type=seconds(0.001), help="Stop after this many seconds (default: no limit).")
+        add(
             "--memory",
             type=number(int, 1, "whole megabytes"),
-            default=None,
             help="Stop after a job once resident memory passes this many MB (default: no limit).",
         )
-        parser.add_argument("--stop-when-empty", action="store_true", help="Stop when no job is available.")
-        parser.add_argument("--once", action="store_true", help="Process at most one job, then stop.")
-        parser.add_argument("--rest", type=seconds(), default=0.0, help="Seconds to rest after each job (default: 0).")
-        parser.add_argument(
+        add("--stop-when-empty", action="store_true", help="Stop when no job is available.")
+        add("--once", action="store_true", help="Process at most one job, then stop.")
+        add("--rest", type=seconds(), default=0.0, help="Seconds to rest after each job (default: 0).")
+        add(
             "--batch",
-            type=number(int, 1, "a whole number"),
+            type=whole_number(1),
             default=DEFAULT_BATCH,
             help="Most jobs to claim per round trip, and to delete per statement once "
             "done, when jobs are quick: the worker claims about as many as it runs in "
             f"{BATCH_WINDOW * 1000:g} ms, so slow jobs are claimed one at a time "
             f"(default: {DEFAULT_BATCH}; 1 claims one job at a time).",
         )
-        parser.add_argument(
+        add(
             "--concurrency",
-            type=number(int, 1, "a whole number"),
-            default=None,
+            type=whole_number(1),
             help="Run N worker processes under a supervisor that restarts any that "
             "die (default: one worker in this process).",
         )
-        parser.add_argument(
+        add(
             "--threads",
-            type=number(int, 1, "a whole number", maximum=MAX_THREADS),
+            type=whole_number(1, MAX_THREADS),
             default=1,
             help="Run up to N sync jobs at once in this process, each in its own thread "
             "with its own database connection; for jobs that wait on the network "
             "(default: 1, jobs run one at a time in the main thread).",
         )
-        parser.add_argument(
+        add(
             "--async-concurrency",
-            type=number(int, 0, "a whole number", maximum=MAX_ASYNC),
+            type=whole_number(0, MAX_ASYNC),
             default=0,
             help="Run up to N 'async def' jobs at once on one event loop in this process "
             "(default: 0, an async job runs like a sync one).",
         )
-
-        parser.add_argument(
+        add(
             "--no-schedule",
             action="store_true",
             help="Do not tick the periodic schedules (default: every worker ticks them; each tick runs once).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = conf.get_settings()
         if options["concurrency"] and options["once"]:
             raise CommandError("--once and --concurrency cannot be combined")
         self._configure_logging(options["verbosity"])
-        timeout = options["timeout"] if options["timeout"] is not None else settings["TIMEOUT"]
+        # An option not given takes its setting.
+        settings = conf.get_settings()
+        given = {key: settings[key.upper()] if options[key] is None else options[key] for key in FROM_SETTINGS}
+        timeout = given["timeout"] or None
         queues = options["queue"] or [settings["QUEUE"]]
-        concurrency = options["concurrency"] or 1
         for message in [
             *check_worker_queues(queues),
-            *check_worker(options["concurrency"], timeout or None),
-            *check_worker_connections(concurrency, options["threads"], options["async_concurrency"]),
+            *check_worker(options["concurrency"], timeout),
+            *check_worker_connections(options["concurrency"] or 1, options["threads"], options["async_concurrency"]),
         ]:
             self.stderr.write(self.style.WARNING(str(message)))
         if not registry.all_definitions():
@@ -135,12 +110,9 @@ class Command(BaseCommand):
         worker_options = WorkerOptions(
             queues=queues,
             defaults=Defaults(
-                tries=options["tries"] or settings["TRIES"],
-                timeout=timeout or None,
-                backoff=options["backoff"] if options["backoff"] is not None else settings["BACKOFF"],
-                timeout_grace=settings["TIMEOUT_GRACE"],
+                tries=given["tries"], timeout=timeout, backoff=given["backoff"], timeout_grace=settings["TIMEOUT_GRACE"]
             ),
-            sleep=options["sleep"] if options["sleep"] is not None else settings["SLEEP"],
+            sleep=given["sleep"],
             rest=options["rest"],
             max_jobs=options["max_jobs"],
             max_time=options["max_time"],
@@ -154,8 +126,7 @@ class Command(BaseCommand):
         )
         if options["concurrency"]:
             sys.exit(Supervisor(worker_options, options["concurrency"]).run())
-        reason = Worker(worker_options).run()
-        if reason is StopReason.MEMORY:
+        if Worker(worker_options).run() is StopReason.MEMORY:
             sys.exit(EXIT_MEMORY)
 
     def _configure_logging(self, verbosity: int) -> None:
