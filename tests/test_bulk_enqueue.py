@@ -14,7 +14,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.db import utils as django_db_utils
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import JobDefinition, enqueue_many, payload, signals
+from django_dbqueue import JobDefinition, claims, enqueue_many, payload, signals
 from django_dbqueue.models import Job
 from tests.conftest import kill_session, listening, session_id
 from tests.testapp import jobs
@@ -52,6 +52,24 @@ def test_the_returned_rows_are_the_stored_rows_with_ids_and_database_times_in_ca
     assert all(job.created_at == job.available_at and job.created_at.tzinfo is not None for job in rows)
     assert all(not job._state.adding and job._state.db == "default" for job in rows)
     assert Job.objects.waiting().count() == 30
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+def test_a_job_enqueued_alone_is_claimed_before_the_jobs_enqueued_many_after_it(limits, keyed, monkeypatch):
+    """``enqueue`` and ``enqueue_many`` read the same clock, the database's: rows sent after a
+    job never get an earlier ``available_at``, so the claim keeps the order they were sent in."""
+    call, queue, key = (limits.keyed.bind, limits.KEYS_QUEUE, "k") if keyed else (jobs.add.bind, "default", 0)
+    if keyed:
+        monkeypatch.setattr(claims, "_flow_queues", {queue})  # as a worker that runs limits' jobs
+    first = call(key, 0).enqueue()
+    later = enqueue_many(call(key, n) for n in range(1, 4))
+    ids = [first.id, *(handle.id for handle in later)]
+    times = list(Job.objects.filter(pk__in=ids).order_by("id").values_list("available_at", flat=True))
+    assert times == sorted(times)
+    claimed = Job.objects.reserve_many([queue], limit=4, worker_id="w")
+    # A key with one slot admits one job: the first.
+    assert [job.pk for job in claimed] == (ids[:1] if keyed else ids)
 
 
 @pytest.mark.django_db

@@ -12,6 +12,7 @@ jobs run after them find a working connection and a free lock.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -33,6 +34,11 @@ TIMEOUT = "django_dbqueue.exceptions.JobTimeout"
 # A job that does not stop by itself is given this long before its process ends.
 ENV = {"DBQUEUE_TEST_TIMEOUT_GRACE": "0.3"}
 STOPPED = (jobs.select_forever, jobs.hold_queue_forever)
+# Rounds of stops per test: issue 26's 20 on PostgreSQL; elsewhere fewer. Each round ends the
+# worker's process and its supervisor starts another (most of a round's time), so each repeats
+# the proof of the one before; the issue saw the broken connection in 4 of 5 rounds and the held
+# lock in 2 of 6, so 5 rounds still meet a regression there.
+ON_POSTGRES = os.environ.get("DBQUEUE_TEST_DB", "sqlite") == "postgres"
 
 
 def _stop_rounds(process, rounds: int, together: bool, *, hard_cancel: bool) -> None:
@@ -101,12 +107,12 @@ def _stop(process) -> None:
     assert process.wait(timeout=30) == 0, process.output()[-3000:]
 
 
-def test_20_hard_cancels_inside_a_query_and_20_inside_a_queue_lock_leave_the_next_20_thread_jobs_working(
+def test_rounds_of_hard_cancels_inside_a_query_and_a_queue_lock_leave_the_next_20_thread_jobs_working(
     worker_process,
 ):
     # As the issue saw it: two threads, a job stopped in each.
     process = _serve(worker_process, "--threads", "2")
-    _stop_rounds(process, 20, together=True, hard_cancel=True)
+    _stop_rounds(process, 20 if ON_POSTGRES else 5, together=True, hard_cancel=True)
     _then_jobs_succeed(process, 20)
     _stop(process)
 
@@ -115,7 +121,7 @@ def test_hard_cancels_inside_a_query_or_a_queue_lock_leave_the_next_jobs_of_a_on
     worker_process,
 ):
     process = _serve(worker_process)
-    _stop_rounds(process, 5, together=False, hard_cancel=True)
+    _stop_rounds(process, 5 if ON_POSTGRES else 3, together=False, hard_cancel=True)
     _then_jobs_succeed(process, 20)
     _stop(process)
 

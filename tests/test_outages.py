@@ -3,6 +3,9 @@
 
 Each worker reaches the database through a forwarder of its own that the test turns
 into a server that is down (connections closed, connects refused) for 5, 31 or 61 s.
+The three lengths run on PostgreSQL; MariaDB runs the 5 s one, past the cap already:
+how a driver reports the lost connection is the same at any length, and the wait
+between reconnects is the worker's, the same on every database.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from tests.network import Forwarder
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
-OUTAGES = (5, 31, 61)
+OUTAGES = (5, 31, 61) if os.environ.get("DBQUEUE_TEST_DB", "sqlite") == "postgres" else (5,)
 
 
 @pytest.mark.acceptance
