@@ -134,7 +134,7 @@ def saturated(claims_count: int = 300) -> None:
     times = []
     for _ in range(claims_count):
         started = time.perf_counter()
-        (job,) = Job.objects.reserve_many(["default"], limit=1)
+        (job,) = claims.reserve_many(["default"], limit=1)
         times.append(time.perf_counter() - started)
         assert job.concurrency_key is None
     blocked = Job.objects.filter(blocked=True).count()
@@ -145,7 +145,7 @@ def saturated(claims_count: int = 300) -> None:
     from django.db import transaction
 
     with transaction.atomic():
-        queryset = claims._candidates(connection.alias, "default", 1 + claims.FLOW_LOOKAHEAD)
+        queryset = claims.plain.candidates(connection.alias, "default", 1 + claims.FLOW_LOOKAHEAD)
         sql, params = queryset.select_for_update(skip_locked=True).query.sql_with_params()
     print("    EXPLAIN ANALYZE of the flow claim's candidate query:\n" + _explain(sql, list(params)))
 
@@ -175,7 +175,7 @@ def delayed(claims_count: int = 300) -> None:
                 cursor.fetchall()
                 results[name].append(time.perf_counter() - started)
             started = time.perf_counter()
-            Job.objects.reserve_many(["default"], limit=1)
+            claims.reserve_many(["default"], limit=1)
             results["claims.claim"].append(time.perf_counter() - started)
     for name, times in results.items():
         print(

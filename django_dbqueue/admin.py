@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from . import dashboard, pauses, payload, schedules
+from . import dashboard, lifecycle, pauses, payload, schedules
 from .batch_admin import JobBatchAdmin
 from .db import DbNow
 from .models import CANCELLED_CLASS, FailedJob, Job, JobBatch, JobProgress, LeaseOver, ScheduleState
@@ -480,7 +480,7 @@ class FailedJobAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         if not self.has_retry_permission(request):
             raise PermissionDenied
-        if FailedJob.objects.retry([pk]):
+        if lifecycle.retry(FailedJob.objects.filter(pk=pk)):
             self.message_user(request, f"Failed job {pk} was put back on the queue.", messages.SUCCESS)
         else:
             self.message_user(request, f"Failed job {pk} no longer exists.", messages.WARNING)

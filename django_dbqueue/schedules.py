@@ -41,7 +41,7 @@ from django.db.models import F
 
 from . import payload, registry
 from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text
-from .models import Job, ScheduleState
+from .models import DB_NOW, Job, ScheduleState
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -74,7 +74,6 @@ LOOK_AHEAD = 100
 COUNT_MISSED = 1000
 
 _schedules: dict[str, Schedule] = {}
-_DB_NOW = {"db_now": DbNow()}
 
 
 class Missed(enum.StrEnum):
@@ -389,7 +388,7 @@ def _plan_first_ticks(schedules: Mapping[str, Schedule]) -> None:
     by another worker keeps that one (``next_tick IS NULL`` in the UPDATE)."""
     unplanned = list(
         ScheduleState.objects.filter(name__in=list(schedules), next_tick__isnull=True, enabled=True)
-        .annotate(**_DB_NOW)
+        .annotate(**DB_NOW)
         .values_list("pk", "name", "db_now")
     )
     if not unplanned:
@@ -433,7 +432,7 @@ def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
     with transaction.atomic(using=using):
         rows = ScheduleState.objects.filter(pk=pk, enabled=True)
         rows = rows.filter(next_tick=expected) if expected is not None else rows.filter(next_tick__isnull=True)
-        query = rows.annotate(**_DB_NOW)
+        query = rows.annotate(**DB_NOW)
         if locking:
             query = query.select_for_update(skip_locked=True)
         state = query.first()
@@ -487,7 +486,7 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
         states = [
             state
             for state in ScheduleState.objects.filter(pk__in=list(expected), enabled=True)
-            .annotate(**_DB_NOW)
+            .annotate(**DB_NOW)
             .select_for_update(skip_locked=True)
             .order_by("pk")
             if state.next_tick == expected[state.pk] and state.name in schedules
@@ -571,7 +570,7 @@ def run_now(name: str) -> Any:
         raise LookupError(f"Schedule {name!r} names the job {schedule.job_name!r}, which is not registered")
     sync({name: schedule})
     with transaction.atomic(using=alias()):
-        state = ScheduleState.objects.select_for_update().annotate(**_DB_NOW).get(name=name)
+        state = ScheduleState.objects.select_for_update().annotate(**DB_NOW).get(name=name)
         now = state.db_now
         handle = schedule.call(now).enqueue()
         ScheduleState.objects.filter(pk=state.pk).update(
@@ -705,7 +704,7 @@ class Ticker:
         """Tick what is due; return the seconds until the next look."""
         rows = list(
             ScheduleState.objects.filter(name__in=list(schedules), enabled=True)
-            .annotate(**_DB_NOW)
+            .annotate(**DB_NOW)
             .order_by(F("next_tick").asc(nulls_first=True), "pk")
             .values_list("pk", "name", "next_tick", "db_now")[:LOOK_AHEAD]
         )
