@@ -241,28 +241,28 @@ def test_a_queue_claims_with_the_statement_its_claims_measured_faster_and_probes
     from django_dbqueue import claims
 
     monkeypatch.setattr(claims.plain, "_picks", {})
-    slow, fast = claims.SLOW_CLAIM * 2, claims.SLOW_CLAIM / 2
+    slow, fast = claims.plain.SLOW_CLAIM * 2, claims.plain.SLOW_CLAIM / 2
     # A cheap one scan never walks, and one slow claim (a cold first one, a checkpoint) does not change that.
-    claims.timed("default", False, fast)
-    assert not claims.walks("default")
-    claims.timed("default", False, slow)
-    assert not claims.walks("default")
+    claims.plain.timed("default", False, fast)
+    assert not claims.plain.walks("default")
+    claims.plain.timed("default", False, slow)
+    assert not claims.plain.walks("default")
     # Scans slow on average: the walk is tried, and kept while it is faster.
     for _ in range(5):
-        claims.timed("default", False, slow)
-    assert claims.walks("default")
-    claims.timed("default", True, fast)
-    assert claims.walks("default") and claims.walks("default") and not claims.walks("other")
+        claims.plain.timed("default", False, slow)
+    assert claims.plain.walks("default")
+    claims.plain.timed("default", True, fast)
+    assert claims.plain.walks("default") and claims.plain.walks("default") and not claims.plain.walks("other")
     # Once the walk measures slower than the scan, the scan is back.
     for _ in range(10):
-        claims.timed("default", True, slow * 3)
-    assert not claims.walks("default")
+        claims.plain.timed("default", True, slow * 3)
+    assert not claims.plain.walks("default")
     # Every PROBE_EVERY seconds one claim takes the other statement, to keep its average current;
     # a probe weighs more: two that find the walk cheap bring it back.
     pick = claims.plain._picks["default"]
     for walks_after in (False, True):
         pick.probe_at = 0.0
-        assert claims.walks("default")
-        assert pick.probe_at > time.monotonic() + claims.PROBE_EVERY / 2
-        claims.timed("default", True, 0.0)
-        assert claims.walks("default") is walks_after
+        assert claims.plain.walks("default")
+        assert pick.probe_at > time.monotonic() + claims.plain.PROBE_EVERY / 2
+        claims.plain.timed("default", True, 0.0)
+        assert claims.plain.walks("default") is walks_after

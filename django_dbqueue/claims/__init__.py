@@ -1,24 +1,14 @@
 """The claim: the one home of every statement that picks the next jobs of a queue and reserves them.
 
-A claim takes waiting rows (``reserved_at IS NULL``, ``available_at`` passed,
-not ``blocked``) of a queue that is not paused (see ``paused``), in the queue's order (priority,
-then ``available_at``, then id), and reserves them: ``attempts + 1``,
-``reserved_at`` and ``reserved_by`` set, and a unique key held only until the
-start (``unique_until_start``) freed. Two ways, chosen per queue:
-
-- The plain claim, for queues whose jobs use no concurrency key and no rate
-  limit: one ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)``
-  on PostgreSQL; ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE`` on
-  MariaDB/MySQL; a compare-and-set per row on SQLite.
-  (``plain``: with PostgreSQL's finish-and-claim statement).
-- The flow claim (``flow``), for queues that may hold such jobs: one
-  transaction that reserves what the concurrency and rate limits admit and
-  holds the others back, spending none of their tries.
-
-A queue uses the flow claim once a job definition with a concurrency key or a
-rate limit is registered for it, or ``DBQUEUE["RATE_LIMITS"]`` names it; and,
-should the plain claim ever reserve such a job (one moved to another queue
-with ``using(queue=...)``), from then on: that job is given back unrun.
+A claim takes waiting rows of a queue that is not paused (``paused``), in the
+queue's order (priority, then ``available_at``, then id), and reserves them:
+``attempts + 1``, ``reserved_at`` and ``reserved_by`` set, a unique key held
+only until the start freed. Two ways, chosen per queue: the plain claim
+(``plain``, one statement per database) for queues whose jobs use no
+concurrency key and no rate limit, and the flow claim (``flow``) for the
+others: once a definition with such a limit is registered for the queue,
+``DBQUEUE["RATE_LIMITS"]`` names it, or the plain claim met such a job (one
+moved with ``using(queue=...)``), which it then gives back unrun.
 """
 
 from __future__ import annotations
@@ -38,25 +28,11 @@ from ..lifecycle import delete_many, finished_by_members, move_aside, reclaim_ex
 from ..models import Job, PausedQueue
 from ..workers import reclaim_dead
 from . import flow, plain
-from .flow import FLOW_LOOKAHEAD, FLOW_ROUNDS, retry_in
-from .plain import (
-    PROBE_EVERY,
-    SLOW_CLAIM,
-    claim_params,
-    claim_sql,
-    clear_unique_keys,
-    clears_unique_keys,
-    from_claim,
-    timed,
-    walks,
-)
+from .flow import FLOW_LOOKAHEAD, retry_in
+from .plain import clear_unique_keys, clears_unique_keys
 
-__all__ = [
-    "FLOW_LOOKAHEAD", "FLOW_ROUNDS", "PAUSE_CHECK", "PROBE_EVERY", "SLOW_CLAIM", "claim",
-    "claim_params", "claim_queue", "claim_sql", "clear_unique_keys", "clears_unique_keys",
-    "finish_and_reserve", "forget_paused", "from_claim", "paused", "plain_claimed", "reserve",
-    "reserve_many", "retry_in", "timed", "use_flow_claim", "uses_flow_claim", "walks",
-]  # fmt: skip
+# Handed on: what the worker and the tests use of the claim's parts.
+__all__ = ["FLOW_LOOKAHEAD", "clear_unique_keys", "clears_unique_keys", "retry_in"]
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -160,10 +136,10 @@ def finish_and_reserve(
     with transaction.atomic(using=using) if members else nullcontext(), bound_cursor(connection) as cursor:
         started = time.monotonic()
         cursor.execute(
-            plain.finish_and_claim_sql(connection, walk, plain.clears_unique_keys(queues[0]), members),
+            plain.finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members),
             [
                 *([job.pk for job in done], [job.attempts for job in done]),
-                *claim_params(worker_id, queues[0], limit, walk=walk),
+                *plain.claim_params(worker_id, queues[0], limit, walk=walk),
             ],
         )
         rows = cursor.fetchall()
@@ -174,7 +150,7 @@ def finish_and_reserve(
     if members:
         rows = [row[1:] for row in rows]
     deleted = set(rows[0][0])
-    jobs = plain_claimed(using, queues[0], from_claim(using, [row[1:] for row in rows if row[1] is not None]))
+    jobs = plain_claimed(using, queues[0], plain.from_claim(using, [row[1:] for row in rows if row[1] is not None]))
     if not jobs:
         # The first queue is empty: the others, then as ``reserve_many``. (All of
         # them if a batch just finished: its callbacks came after the claim.)
@@ -270,8 +246,8 @@ def plain_claimed(using: str, queue: str, jobs: list[Job]) -> list[Job]:
         for job in jobs:
             if job.pk in started:
                 job.unique_key = None
-        if not plain.clears_unique_keys(queue):
-            plain.clear_unique_keys(queue)
+        if not clears_unique_keys(queue):
+            clear_unique_keys(queue)
             logger.info("queue=%s holds jobs unique until started: claims free their keys from now on", queue)
     flowed = [job for job in jobs if job.concurrency_key or job.rate_key]
     if not flowed:

@@ -88,10 +88,10 @@ def _write_first(using: str) -> None:
 def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rates.Buckets) -> tuple[list[Job], int]:
     """Read candidates once; reserve what the limits admit, block or delay what
     they do not; return the jobs reserved and how many were held back."""
-    rows = candidates(using, queue, limit + FLOW_LOOKAHEAD)
+    selection = candidates(using, queue, limit + FLOW_LOOKAHEAD)
     if claims_with_skip_locked(using):
-        rows = rows.select_for_update(skip_locked=True)
-    rows = list(rows)
+        selection = selection.select_for_update(skip_locked=True)
+    rows = list(selection)
     if not rows:
         return [], 0
     readable = _readable(using, rows)

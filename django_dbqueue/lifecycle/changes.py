@@ -234,6 +234,7 @@ def reclaim_expired(*, default_tries: int | None = None, ids: Iterable[int] | No
         expired = expired.filter(pk__in=list(ids))
     reclaimed = 0
     for job in expired:
+        assert job.reserved_at is not None
         if job.tries_spent >= job.tries_allowed(tries_default):
             error = RECLAIMED_ERROR.format(name=job.name, id=job.pk, attempts=job.attempts, retry_after=job.retry_after)
             outcome = "failed"
@@ -259,6 +260,7 @@ def reclaim_worker(worker_id: str, *, error_for: Callable[[float], str], default
     tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
     held = Job.objects.get_queryset().filter(reserved_by=worker_id, reserved_at__isnull=False)
     for job in held.order_by().only(*_LEASE_FIELDS).annotate(**DB_NOW):
+        assert job.reserved_at is not None
         if job.tries_spent >= job.tries_allowed(tries_default):
             error = error_for((job.db_now - job.reserved_at).total_seconds())
             done = _per_row(job, functools.partial(_fail_lost, job, error, "WorkerLost"))
