@@ -10,7 +10,7 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import claims, lifecycle
-from django_dbqueue.models import FailedJob, Job
+from django_dbqueue.models import DB_NOW, FailedJob, Job, State
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db
@@ -156,6 +156,28 @@ def test_a_delete_signal_receiver_does_not_split_the_compare_and_set_delete():
         assert "attempts" in statements[0]
     finally:
         post_delete.disconnect(audit)
+
+
+def test_every_state_names_the_same_rows_in_sql_and_on_a_row_read_with_the_database_clock():
+    waiting = jobs.add.enqueue(1, 1)
+    delayed = jobs.add.using(delay=3600).enqueue(2, 2)
+    blocked = jobs.add.enqueue(3, 3)
+    Job.objects.filter(pk=blocked.pk).update(blocked=True)
+    reserved, expired = jobs.add.using(priority=5).enqueue(4, 4), jobs.add.using(priority=6).enqueue(5, 5)
+    claims.reserve_many(["default"], limit=2)
+    expire(Job.objects.get(pk=expired.pk))
+    expected = {
+        State.WAITING: waiting.pk,
+        State.DELAYED: delayed.pk,
+        State.BLOCKED: blocked.pk,
+        State.RESERVED: reserved.pk,
+        State.EXPIRED: expired.pk,
+    }
+    for state, pk in expected.items():
+        assert list(Job.objects.get_queryset().in_state(state).values_list("pk", flat=True)) == [pk]
+        row = Job.objects.annotate(**DB_NOW).get(pk=pk)
+        assert row.state(row.db_now) is state
+    assert State.EXPIRED.label == "reservation expired"
 
 
 # -- finishing a batch and claiming the next ---------------------------------------
