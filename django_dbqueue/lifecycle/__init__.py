@@ -7,10 +7,12 @@ change that ends a reservation is a compare-and-set on ``(id, attempts)``:
 the reservation, and a worker whose job was reclaimed and reserved by someone
 else changes nothing.
 
-Features react to a change in one declared way: ``REACTIONS``, pairs of a job
-column and a function run in the transaction that ended rows carrying that
-column (concurrency slots, batch counters). Rows that carry none of them cost
-no transaction and no query more than the change itself.
+Features react to a change in one declared way: ``REACTIONS`` (in
+``reactions``), each a job column, the outcomes it reacts to and a function run
+in the transaction that ended rows carrying that column (concurrency slots,
+batch counters). Rows that concern none of them cost no transaction and no
+query more than the change itself. ``changes`` holds the changes of one job,
+``retry`` the retry from ``FailedJob``.
 """
 
 from .changes import (

@@ -69,14 +69,15 @@ def delete(job: Job, *, follow_ups: Sequence[Job] = ()) -> bool:
     """Delete a job that succeeded, if its reservation is still ``job``'s; ``follow_ups``
     (a chain's next step, callbacks) are inserted in the same transaction."""
     queryset = Job.objects.get_queryset().held(job)
-    if not follow_ups and not reacts([job]):
+    if not follow_ups and not reacts(SUCCEEDED, [job]):
         return bool(queryset.delete_now())
     with transaction.atomic(using=queryset.db):
         deleted = queryset.delete_now()
         if deleted:
             follow = list(follow_ups)
             react(queryset.db, {SUCCEEDED: [job]}, follow)
-            Job.objects.db_manager(queryset.db).bulk_enqueue(follow)
+            if follow:
+                Job.objects.db_manager(queryset.db).bulk_enqueue(follow)
     return bool(deleted)
 
 
@@ -85,7 +86,7 @@ def delete_many(jobs: Sequence[Job]) -> set[int]:
     theirs; return the ids deleted (the worker's batched counterpart of ``delete``)."""
     if not jobs:
         return set()
-    if not reacts(jobs):
+    if not reacts(SUCCEEDED, jobs):
         return _delete_many(jobs)
     using = Job.objects.get_queryset().db
     with transaction.atomic(using=using):
@@ -149,7 +150,7 @@ def release(job: Job, *, delay: float = 0, give_back: bool = False, exception: b
     if exception:
         changes["exceptions"] = F("exceptions") + 1
     queryset = Job.objects.get_queryset().held(job)
-    with transaction.atomic(using=queryset.db) if reacts([job]) else nullcontext():
+    with transaction.atomic(using=queryset.db) if reacts(RELEASED, [job]) else nullcontext():
         released = bool(queryset.update(**changes))
         if released:
             react(queryset.db, {RELEASED: [job]})
@@ -169,7 +170,8 @@ def fail(
     with transaction.atomic(using=queryset.db):
         if not queryset.delete_now():
             return None
-        Job.objects.db_manager(queryset.db).bulk_enqueue(follow_ups)
+        if follow_ups:
+            Job.objects.db_manager(queryset.db).bulk_enqueue(follow_ups)
         failed = FailedJob.objects.using(queryset.db).create(
             **_failed_values(job), exception_class=exception_class[:255], error=error, failed_at=DbNow()
         )

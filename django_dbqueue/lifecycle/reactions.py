@@ -43,7 +43,7 @@ Reaction = Callable[[str, Mapping[str, Sequence[Any]], list[Job]], None]
 
 def _free_slots(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) -> None:
     """Reservations of concurrency keys ended: unblock the rows waiting for their slots."""
-    unblock(using, [row.concurrency_key for kind in (SUCCEEDED, FAILED, RELEASED) for row in ended.get(kind, ())])
+    unblock(using, [row.concurrency_key for rows in ended.values() for row in rows])
 
 
 def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) -> None:
@@ -53,7 +53,7 @@ def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[
     has not ended, unless its batch was cancelled: then it counts as cancelled
     and the next step is dropped from ``follow``.
     """
-    counts = {kind: count_members(rows) for kind, rows in ended.items() if kind != RELEASED}
+    counts = {kind: count_members(rows) for kind, rows in ended.items()}
     going_on = {row.batch_id for row in follow if row.batch_id} & set(counts.get(SUCCEEDED, ()))
     if going_on:
         stopped = set(
@@ -68,27 +68,37 @@ def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[
         counts[SUCCEEDED] = Counter({pk: n for pk, n in counts[SUCCEEDED].items() if pk not in going_on})
         follow[:] = [row for row in follow if row.batch_id not in stopped]
     if any(counts.values()):
-        members_ended(using, **{kind: count for kind, count in counts.items()})
+        members_ended(using, **counts)
 
 
-# Each feature's column and its reaction, run in order after the rows changed, in
-# the transaction that changed them.
-REACTIONS: tuple[tuple[str, Reaction], ...] = (("concurrency_key", _free_slots), ("batch_id", _count_members))
+# Each feature: the column its rows carry, the outcomes it reacts to, and its
+# reaction, run in this order after the rows changed, in the transaction that
+# changed them. A reservation holds a slot (so a release frees it), a batch
+# member stays pending while released.
+REACTIONS: tuple[tuple[str, frozenset[str], Reaction], ...] = (
+    ("concurrency_key", frozenset({SUCCEEDED, FAILED, RELEASED}), _free_slots),
+    ("batch_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK, LEFT}), _count_members),
+)
 
 
-def reacts(rows: Iterable[Any]) -> bool:
-    """Whether a change of ``rows`` concerns any reaction (and so needs a transaction).
+def reacts(outcome: str, rows: Iterable[Any]) -> bool:
+    """Whether rows that end with ``outcome`` concern any reaction (and so need a transaction).
 
     A column not loaded (a deferred field) counts as unused: reading it would
     query a row that may be gone.
     """
-    return any(vars(row).get(column) for row in rows for column, _ in REACTIONS)
+    return any(vars(row).get(column) for column, outcomes, _ in REACTIONS if outcome in outcomes for row in rows)
 
 
 def react(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job] | None = None) -> None:
-    for column, reaction in REACTIONS:
-        concerned = {kind: [row for row in rows if vars(row).get(column)] for kind, rows in ended.items()}
-        if any(concerned.values()):
+    """Run the reactions that ``ended`` (rows by outcome) concerns."""
+    for column, outcomes, reaction in REACTIONS:
+        concerned = {
+            kind: chosen
+            for kind, rows in ended.items()
+            if kind in outcomes and (chosen := [row for row in rows if vars(row).get(column)])
+        }
+        if concerned:
             reaction(using, concerned, follow if follow is not None else [])
 
 
