@@ -177,7 +177,7 @@ def test_every_state_names_the_same_rows_in_sql_and_on_a_row_read_with_the_datab
         assert list(Job.objects.get_queryset().in_state(state).values_list("pk", flat=True)) == [pk]
         row = Job.objects.annotate(**DB_NOW).get(pk=pk)
         assert row.state(row.db_now) is state
-    assert State.EXPIRED.label == "reservation expired"
+    assert [str(state.label) for state in State] == ["waiting", "delayed", "blocked", "reserved", "reservation expired"]
 
 
 # -- finishing a batch and claiming the next ---------------------------------------

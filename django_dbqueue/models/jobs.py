@@ -38,10 +38,10 @@ INVALID_ROW_CLASS = "django_dbqueue.exceptions.InvalidJobRow"
 class State(models.TextChoices):
     """Where a job row is. A job that ended has no row: it succeeded (deleted) or is a ``FailedJob``."""
 
-    WAITING = "waiting"
-    DELAYED = "delayed"
-    BLOCKED = "blocked"  # waiting for a free slot of its concurrency key
-    RESERVED = "reserved"
+    WAITING = "waiting", "waiting"
+    DELAYED = "delayed", "delayed"
+    BLOCKED = "blocked", "blocked"  # waiting for a free slot of its concurrency key
+    RESERVED = "reserved", "reserved"
     EXPIRED = "expired", "reservation expired"  # reserved past its retry_after: to be reclaimed
 
 
