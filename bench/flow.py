@@ -134,7 +134,7 @@ def saturated(claims_count: int = 300) -> None:
     times = []
     for _ in range(claims_count):
         started = time.perf_counter()
-        (job,) = Job.objects.reserve_many(["default"], limit=1)
+        (job,) = claims.reserve_many(["default"], limit=1)
         times.append(time.perf_counter() - started)
         assert job.concurrency_key is None
     blocked = Job.objects.filter(blocked=True).count()
@@ -145,7 +145,7 @@ def saturated(claims_count: int = 300) -> None:
     from django.db import transaction
 
     with transaction.atomic():
-        queryset = claims._candidates(connection.alias, "default", 1 + claims.FLOW_LOOKAHEAD)
+        queryset = claims.plain.candidates(connection.alias, "default", 1 + claims.flow.FLOW_LOOKAHEAD)
         sql, params = queryset.select_for_update(skip_locked=True).query.sql_with_params()
     print("    EXPLAIN ANALYZE of the flow claim's candidate query:\n" + _explain(sql, list(params)))
 
@@ -170,12 +170,12 @@ def delayed(claims_count: int = 300) -> None:
             for name, walk in (("one scan", False), ("priority walk", True)):
                 started = time.perf_counter()
                 cursor.execute(
-                    claims.claim_sql(connection, walk=walk), claims.claim_params("w", "default", 1, walk=walk)
+                    claims.plain.claim_sql(connection, walk=walk), claims.plain.claim_params("w", "default", 1, walk=walk)
                 )
                 cursor.fetchall()
                 results[name].append(time.perf_counter() - started)
             started = time.perf_counter()
-            Job.objects.reserve_many(["default"], limit=1)
+            claims.reserve_many(["default"], limit=1)
             results["claims.claim"].append(time.perf_counter() - started)
     for name, times in results.items():
         print(
@@ -183,7 +183,7 @@ def delayed(claims_count: int = 300) -> None:
             f"{percentiles(times)}"
         )
     for name, walk in (("one scan", False), ("priority walk", True)):
-        plan = _explain(claims.claim_sql(connection, walk=walk), claims.claim_params("w", "default", 1, walk=walk))
+        plan = _explain(claims.plain.claim_sql(connection, walk=walk), claims.plain.claim_params("w", "default", 1, walk=walk))
         print(f"    EXPLAIN ANALYZE, {name}:\n{plan}")
 
 

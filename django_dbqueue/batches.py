@@ -31,7 +31,6 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.models import F
 
-from .db import DbNow, alias, error_text, read_back
+from . import lifecycle
+from .db import DbNow, alias, read_back
 from .models import FailedJob, Job, JobBatch
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_dbqueue")
 
 # The callback kinds, in the order they are enqueued when several fire at once.
-CALLBACKS = ("on_failure", "then", "on_finish")
+CALLBACKS = lifecycle.CALLBACKS
 
 
 class BatchClosed(Exception):
@@ -134,7 +134,7 @@ class Batch:
             if added:
                 JobBatch.objects.filter(pk=row.pk).update(total=added, pending=added)
             else:
-                _finish(row, cancelled=False)
+                lifecycle.finish_batch(row, cancelled=False)
             row.refresh_from_db()
         logger.info("enqueued batch id=%s name=%s members=%s", row.pk, row.name or "-", added)
         return BatchHandle(row)
@@ -278,15 +278,9 @@ def cancel(batch_id: int) -> int:
     The batch finishes once its running members end (``on_finish`` runs; ``then``
     never does).
     """
-    with transaction.atomic(using=alias()):
-        # The batch row first: an ``add`` waits for this transaction, and then sees the cancel.
-        if not JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=True, finished_at__isnull=True).update(
-            cancelled_at=DbNow()
-        ):
-            return 0
-        # Rows a worker holds are left to it; a claim that commits meanwhile wins over the DELETE.
-        deleted = Job.objects.get_queryset().filter(batch_id=batch_id, reserved_at__isnull=True).delete_now()
-        members_ended(alias(), cancelled=Counter({batch_id: deleted}) if deleted else Counter(), touched={batch_id})
+    deleted = lifecycle.cancel_batch(batch_id)
+    if deleted is None:
+        return 0
     forget_cancelled()
     logger.info("cancelled batch id=%s waiting_members_deleted=%s", batch_id, deleted)
     return deleted
@@ -296,11 +290,11 @@ def retry_failed(batch_id: int) -> list[Job]:
     """Retry the failed members of a batch (their ``FailedJob`` rows); the batch counts them pending again.
 
     Raise ``BatchClosed`` for a cancelled batch: its members would not run (a retry
-    from ``FailedJob`` runs them outside it, see ``FailedJobQuerySet.retry``).
+    from ``FailedJob`` runs them outside it, see ``lifecycle.retry``).
     """
     if JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=False).exists():
         raise BatchClosed(f"batch {batch_id} was cancelled: its failed members are not retried into it")
-    return FailedJob.objects.get_queryset().filter(batch_id=batch_id).retry()
+    return lifecycle.retry(FailedJob.objects.filter(batch_id=batch_id))
 
 
 def prune(hours: float) -> int:
@@ -347,125 +341,3 @@ def forget_cancelled() -> None:
     """Read the cancelled batches afresh at the next ``cancelled_lately`` (tests, ``cancel``)."""
     with _cancelled_lock:
         _cancelled.clear()
-
-
-def skip_member(job: Job) -> bool:
-    """End a claimed member of a cancelled batch without running it: delete its row
-    (if its reservation is still ``job``'s) and count it cancelled, in one transaction."""
-    assert job.batch_id is not None
-    using = alias()
-    with transaction.atomic(using=using):
-        if not Job.objects.get_queryset().held(job).delete_now():
-            return False
-        members_ended(using, cancelled=Counter({job.batch_id: 1}))
-    return True
-
-
-# -- bookkeeping: called in the transactions that end members ---------------------
-
-
-def members_ended(
-    using: str,
-    *,
-    succeeded: Counter[int] | None = None,
-    failed: Counter[int] | None = None,
-    cancelled: Counter[int] | None = None,
-    retried: Counter[int] | None = None,
-    left: Counter[int] | None = None,
-    touched: Iterable[int] = (),
-) -> None:
-    """Move the counters of the batches whose members just ended (or came back,
-    ``retried``; or failed members of a cancelled batch retried outside it, ``left``):
-    ``{batch_id: count}`` each. Must run in the transaction that changed the member
-    rows, after it changed them (rows, then batch: the order every path takes).
-
-    Enqueues the callbacks that fire, in the same transaction.
-    """
-    succeeded, failed = succeeded or Counter(), failed or Counter()
-    cancelled, retried = cancelled or Counter(), retried or Counter()
-    left = left or Counter()
-    ids = sorted({*succeeded, *failed, *cancelled, *retried, *left, *touched})
-    for batch_id in ids:  # in id order: two transactions lock batch rows in the same order
-        ended = succeeded[batch_id] + failed[batch_id] + cancelled[batch_id]
-        back = retried[batch_id]
-        changes: dict[str, Any] = {}
-        if ended or back:
-            changes["pending"] = F("pending") + (back - ended)
-        if failed[batch_id] or back or left[batch_id]:
-            changes["failed"] = F("failed") + (failed[batch_id] - back - left[batch_id])
-        if cancelled[batch_id] or left[batch_id]:
-            changes["cancelled"] = F("cancelled") + cancelled[batch_id] + left[batch_id]
-        if back:
-            changes["finished_at"] = None
-        if changes and not JobBatch.objects.using(using).filter(pk=batch_id).update(**changes):
-            logger.warning("batch id=%s is gone (pruned?): its member outcomes are not counted", batch_id)
-            continue
-        row = JobBatch.objects.using(using).filter(pk=batch_id).first()
-        if row is None:
-            continue
-        fire: list[str] = []
-        if failed[batch_id] and row.failed == failed[batch_id]:
-            fire.append("on_failure")  # the batch's first failure (since the last retry of all its failed)
-        if row.pending == 0 and row.finished_at is None and (ended or batch_id in touched):
-            fire += _finish(row, cancelled=row.cancelled_at is not None, enqueue=False)
-        _enqueue_callbacks(using, row, fire)
-
-
-def finished_by_members(using: str, batch_ids: Iterable[int]) -> None:
-    """In the transaction whose statement took these batches' ``pending`` to 0
-    (``JobManager.finish_and_reserve``): finish them, enqueueing their callbacks."""
-    for row in JobBatch.objects.using(using).filter(pk__in=sorted(batch_ids), finished_at__isnull=True):
-        _finish(row, cancelled=row.cancelled_at is not None)
-
-
-def _finish(row: JobBatch, *, cancelled: bool, enqueue: bool = True) -> list[str]:
-    """Mark ``row`` finished (in the caller's transaction); return the callbacks that fire (and enqueue them)."""
-    using = row._state.db or alias()
-    JobBatch.objects.using(using).filter(pk=row.pk).update(finished_at=DbNow())
-    fire = ["on_finish"]
-    if not cancelled and (row.failed == 0 or row.allow_failures):
-        fire.insert(0, "then")
-    logger.info(
-        "batch finished id=%s name=%s total=%s failed=%s cancelled=%s",
-        row.pk,
-        row.name or "-",
-        row.total,
-        row.failed,
-        row.cancelled,
-    )
-    from .signals import batch_finished
-
-    transaction.on_commit(
-        lambda: batch_finished.send_robust(sender=JobBatch, batch_id=row.pk), using=using, robust=True
-    )
-    if enqueue:
-        _enqueue_callbacks(using, row, fire)
-    return fire
-
-
-def _enqueue_callbacks(using: str, row: JobBatch, kinds: Sequence[str]) -> None:
-    if not kinds or not row.callbacks:
-        return
-    from .chains import build_row
-
-    try:
-        steps = json.loads(row.callbacks)
-    except ValueError as exc:
-        logger.error("batch id=%s has unreadable callbacks, none enqueued: %s", row.pk, error_text(exc))
-        return
-    rows = [
-        build_row(step, check=False, batch_of=row.pk)
-        for kind in CALLBACKS
-        if kind in kinds
-        for step in steps.get(kind) or []
-    ]
-    if rows:
-        Job.objects.db_manager(using).bulk_enqueue(rows)
-        logger.info(
-            "batch id=%s callbacks enqueued: %s", row.pk, ", ".join(kind for kind in CALLBACKS if kind in kinds)
-        )
-
-
-def count_members(jobs: Iterable[Any]) -> Counter[int]:
-    """``{batch_id: count}`` of the members among ``jobs`` (rows with ``batch_id``)."""
-    return Counter(job.batch_id for job in jobs if job.batch_id)

@@ -13,10 +13,10 @@ a handle follows its job through retries.
 | --- | --- |
 | waiting | ``enqueue``; a release or a reclaim whose delay is over |
 | delayed | ``enqueue`` with a delay; a release with a backoff; a snooze |
-| running | the claim (``Job.objects.reserve_many``); it stays running until its outcome is stored |
+| running | the claim (``claims.reserve_many``); it stays running until its outcome is stored |
 | succeeded | the worker's delete of the row (``delete_reserved``, ``delete_many_reserved``) |
-| failed | ``Job.objects.fail`` (the worker, the reclaim of an expired reservation, the supervisor) |
-| cancelled | ``Job.objects.cancel`` for a job nobody holds; the worker, for a running job asked to stop |
+| failed | ``lifecycle.fail`` (the worker, the reclaim of an expired reservation, the supervisor) |
+| cancelled | ``lifecycle.cancel`` for a job nobody holds; the worker, for a running job asked to stop |
 
 Failed and cancelled jobs are ``FailedJob`` rows (a cancelled one with the
 exception class ``JobCancelled``); retrying one from there makes it waiting again.
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from asgiref.sync import sync_to_async
 
-from . import conf, payload, registry
+from . import conf, lifecycle, payload, registry
 from .db import DbNow
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
 
@@ -245,7 +245,7 @@ class JobHandle:
         self.refresh()
         if self.finished or self.job_id is None:
             return False
-        outcome = Job.objects.cancel(self.job_id, hard=hard, reason=reason)
+        outcome = lifecycle.cancel(self.job_id, hard=hard, reason=reason)
         self.refresh()
         return outcome != "missing"
 

@@ -23,7 +23,7 @@ from types import TracebackType
 
 from django.db import DatabaseError
 
-from . import workers
+from . import lifecycle, workers
 from .db import drop_connection, error_text
 from .history import Recorder
 from .models import Job
@@ -269,7 +269,7 @@ class Heartbeat:
         jobs = self.held()
         started = time.monotonic()
         try:
-            extended = Job.objects.extend_many(jobs, worker_id=self.worker_id)
+            extended = lifecycle.extend_many(jobs, worker_id=self.worker_id)
         except DatabaseError as exc:
             logger.warning(
                 "heartbeat failed worker_id=%s jobs=%s retry_in=%ss: %s",
@@ -311,7 +311,7 @@ class Heartbeat:
         if not jobs:
             return
         try:
-            levels = Job.objects.cancel_requests(jobs)
+            levels = lifecycle.cancel_requests(jobs)
         except DatabaseError as exc:
             logger.warning("cancel requests not read worker_id=%s: %s", self.worker_id, error_text(exc))
             drop_connection()

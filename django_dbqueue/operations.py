@@ -10,36 +10,34 @@ from datetime import datetime, timedelta
 from django.db import connections, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 
-from . import conf, workers
-from .bulk import analyze_if_large
+from . import conf, lifecycle, workers
 from .db import DbNow, alias
 from .exceptions import FailedJobsNotFound
-from .models import ANALYZE_AFTER, FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
+from .models import (
+    ANALYZE_AFTER,
+    FailedJob,
+    FailedJobQuerySet,
+    Job,
+    PausedQueue,
+    QueueControl,
+    QueueWorker,
+    analyze_if_large,
+)
 
 RESTART_KEY = "restart"
 # Failed jobs retried per transaction: memory and lock time stay bounded, and an
 # interrupted retry leaves each job either retried or still failed. Under
 # ANALYZE_AFTER, so PostgreSQL's ANALYZE of the job table runs once at the end of a
-# large retry, not after every chunk (which made 300,000 rows take half again as long).
+# large retry, not after every chunk (docs/performance.md).
 RETRY_CHUNK = ANALYZE_AFTER - 1
 # Query parameters per statement when selecting by explicit ids: far under every
 # database's limit (SQLite 32766 or 250000, PostgreSQL 65535).
 IDS_PER_QUERY = 1000
-# Seconds since its last heartbeat after which a worker row counts as dead: workers
-# refresh their row at least every 10 s.
 
 
 def job_state(job: Job, now: datetime | None) -> str:
-    """One word for where a job is: waiting, delayed, blocked, reserved or reservation expired."""
-    if job.reserved_at is None and job.blocked:
-        return "blocked"
-    if job.reserved_at is not None:
-        if now is not None and job.reserved_at + timedelta(seconds=job.retry_after) <= now:
-            return "reservation expired"
-        return "reserved"
-    if now is not None and job.available_at > now:
-        return "delayed"
-    return "waiting"
+    """Where a job is, in words: waiting, delayed, blocked, reserved or reservation expired (``Job.state``)."""
+    return str(job.state(now).label)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,50 +152,24 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
     A reserved job is left alone: its worker may be running it, and deleting it
     would drop its outcome and, in a chain, the steps still to run.
     """
-    with transaction.atomic(using=alias()):
-        # The row locks (PostgreSQL, MariaDB) keep a worker from claiming the rows
-        # before the DELETE, so the rows read are the rows deleted; the DELETE's
-        # own condition is what protects a reserved job everywhere, SQLite included.
-        rows = list(
-            Job.objects.filter(pk__in=ids, reserved_at__isnull=True)
-            .select_for_update()
-            .only("id", "name", "batch_id")
-            .order_by()
-        )
-        if not rows:
-            return []
-        unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)
-        if unreserved.delete_now() != len(rows):
-            kept = set(Job.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
-            rows = [row for row in rows if row.pk not in kept]
-        _members_deleted(rows)
-    return rows
-
-
-def _members_deleted(rows: Iterable[Job]) -> None:
-    """Batch members deleted by an operator count as cancelled members of their batches."""
-    from .batches import count_members, members_ended
-
-    deleted = count_members(rows)
-    if deleted:
-        members_ended(alias(), cancelled=deleted)
+    return lifecycle.delete_unreserved(ids)
 
 
 def cancel_jobs(ids: Iterable[int], *, hard: bool = False, reason: str = "") -> dict[int, str]:
-    """Cancel jobs by id; return each id's outcome (see ``JobManager.cancel``): ``cancelled``,
+    """Cancel jobs by id; return each id's outcome (see ``lifecycle.cancel``): ``cancelled``,
     ``requested``, or ``missing`` (no such job is waiting or running)."""
-    return {pk: Job.objects.cancel(pk, hard=hard, reason=reason) for pk in dict.fromkeys(ids)}
+    return {pk: lifecycle.cancel(pk, hard=hard, reason=reason) for pk in dict.fromkeys(ids)}
 
 
 def run_now(jobs: QuerySet[Job]) -> int:
     """Make unreserved jobs available at once; return how many."""
-    return jobs.filter(reserved_at__isnull=True).update(available_at=DbNow())
+    return lifecycle.run_now(jobs)
 
 
 def release_expired(jobs: QuerySet[Job] | None = None) -> int:
     """Reclaim the expired reservations among ``jobs`` (all jobs if None); return how many."""
     ids = list(jobs.values_list("pk", flat=True)) if jobs is not None else None
-    return Job.objects.reclaim_expired(ids=ids)
+    return lifecycle.reclaim_expired(ids=ids)
 
 
 def retry_failed(
@@ -215,7 +187,7 @@ def retry_failed(
     """
     retried = 0
     for chunk in _id_chunks(failed, chunk_size):
-        retried += len(FailedJob.objects.get_queryset().filter(pk__in=chunk).retry())
+        retried += len(lifecycle.retry(FailedJob.objects.filter(pk__in=chunk)))
         if progress is not None:
             progress(retried)
     analyze_if_large(failed.db, retried)
@@ -351,22 +323,7 @@ def clear_queue(counted: Clearable) -> int:
     """
     if counted.last_id is None:
         return 0
-    jobs = Job.objects.filter(queue=counted.queue, reserved_at__isnull=True, id__lte=counted.last_id)
-    # Locked: if a delete signal receiver makes Django select the rows before it
-    # deletes them by id, no worker can reserve one in between.
-    with transaction.atomic(using=alias()):
-        members = list(jobs.filter(batch_id__isnull=False).select_for_update().only("id", "batch_id").order_by())
-        deleted, _ = jobs.select_for_update().delete()
-        if members:
-            # Counted if gone: on SQLite (no row locks) a worker may have claimed one since the read.
-            ids = [row.pk for row in members]
-            kept = {
-                pk
-                for start in range(0, len(ids), 900)
-                for pk in Job.objects.filter(pk__in=ids[start : start + 900]).values_list("pk", flat=True)
-            }
-            _members_deleted([row for row in members if row.pk not in kept])
-    return deleted
+    return lifecycle.delete_waiting(counted.queue, counted.last_id)
 
 
 _ID_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")

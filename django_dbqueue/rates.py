@@ -27,8 +27,6 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Case, F, Value, When
-
 from . import conf, validation
 
 if TYPE_CHECKING:
@@ -173,12 +171,6 @@ class Bucket:
         self.now = now
         self.held = False
 
-    @classmethod
-    def lock(cls, using: str, key: str, rate: Rate) -> Bucket:
-        from .models import FlowLimit
-
-        return cls(FlowLimit.objects.db_manager(using).lock([key])[key], rate)
-
     @property
     def available(self) -> int:
         return int(self.row.tokens + 1e-9)
@@ -206,26 +198,22 @@ class Bucket:
 
 
 class Buckets:
-    """The buckets of a claim's candidate rows (their ``rate_key``), each locked once, in key order."""
+    """The buckets of a claim's candidate rows (their ``rate_key``), each locked once
+    (``claims.flow`` locks their rows, in key order)."""
 
-    def __init__(self, using: str) -> None:
-        self.using = using
+    def __init__(self) -> None:
         self.buckets: dict[str, Bucket] = {}
 
-    def lock(self, rows: Sequence[Job]) -> None:
-        """Lock the buckets of ``rows`` that this claim has not locked yet."""
-        rates = {
+    def needed(self, rows: Sequence[Job]) -> dict[str, str]:
+        """``{rate_key: rate_limit}`` of the buckets of ``rows`` not locked yet."""
+        return {
             row.rate_key: row.rate_limit
             for row in rows
             if row.rate_key and row.rate_limit and row.rate_key not in self.buckets
         }
-        if not rates:
-            return
-        from .models import FlowLimit
 
-        locked = FlowLimit.objects.db_manager(self.using).lock([bucket_key(key) for key in rates])
-        for key, text in rates.items():
-            self.buckets[key] = Bucket(locked[bucket_key(key)], Rate.from_text(text))
+    def add(self, key: str, row: FlowLimit, text: str) -> None:
+        self.buckets[key] = Bucket(row, Rate.from_text(text))
 
     def take(self, row: Job) -> bool:
         bucket = self.buckets.get(row.rate_key or "")
@@ -245,17 +233,9 @@ class Buckets:
         waits = [bucket.wait() for bucket in self.buckets.values() if bucket.held]
         return min(waits) if waits else None
 
-    def hold(self, rows: Sequence[Job]) -> None:
-        """Move rows their bucket holds back to when it will have a token for each, in one
-        UPDATE (no try spent); the buckets are saved after."""
-        if not rows:
-            return
-        from .models import Job
-
-        times = {row.pk: self.buckets[row.rate_key or ""].hold() for row in rows}
-        Job.objects.using(self.using).filter(pk__in=list(times), reserved_at__isnull=True).update(
-            available_at=Case(*(When(pk=pk, then=Value(at)) for pk, at in times.items()), default=F("available_at"))
-        )
+    def hold_times(self, rows: Sequence[Job]) -> dict[int, datetime]:
+        """When each of ``rows``, held back by its bucket, may start."""
+        return {row.pk: self.buckets[row.rate_key or ""].hold() for row in rows}
 
 
 def spent_ceiling(rate: Rate, seconds: float) -> int:

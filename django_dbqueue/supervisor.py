@@ -19,7 +19,7 @@ from types import FrameType
 
 from django.db import DatabaseError, connections
 
-from .models import Job
+from .lifecycle import reclaim_worker
 from .worker import EXIT_TIMED_OUT, StopReason, Worker, WorkerOptions, new_worker_id
 
 logger = logging.getLogger("django_dbqueue")
@@ -125,7 +125,7 @@ class Supervisor:
 
     def _reclaim(self, worker_id: str, how: str) -> None:
         try:
-            count = Job.objects.reclaim_worker(
+            count = reclaim_worker(
                 worker_id,
                 default_tries=self.options.defaults.tries,
                 error_for=lambda elapsed: LOST_ERROR.format(worker_id=worker_id, how=how, elapsed=elapsed),

@@ -21,7 +21,21 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import batches, chains, concurrency, conf, handles, history, progress, registry, signals, unique, workers
+from . import (
+    batches,
+    chains,
+    claims,
+    concurrency,
+    conf,
+    handles,
+    history,
+    lifecycle,
+    progress,
+    registry,
+    signals,
+    unique,
+    workers,
+)
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
@@ -619,7 +633,7 @@ class Worker:
         try:
             if self._reserve_errors:
                 self._release_lost_claims()
-            deleted, jobs = Job.objects.finish_and_reserve(
+            deleted, jobs = claims.finish_and_reserve(
                 [job for job, _ in done],
                 self.options.queues,
                 limit=limit,
@@ -653,7 +667,7 @@ class Worker:
     def _give_back(self, job: Job) -> None:
         """Release a claimed job this worker will not run; it spends no try."""
         try:
-            Job.objects.release(job, give_back=True)
+            lifecycle.release(job, give_back=True)
         except DatabaseError as exc:
             logger.warning(
                 "could not release job=%s id=%s: %s; it is reclaimed after retry_after",
@@ -678,7 +692,7 @@ class Worker:
         """
         held = Job.objects.reserved().filter(reserved_by=self.worker_id).exclude(pk__in=self._unrecorded)
         for job in held:
-            if Job.objects.release(job, give_back=True):
+            if lifecycle.release(job, give_back=True):
                 logger.warning(
                     "released job=%s id=%s attempt=%s: its claim committed but the reply was lost",
                     job.name,
@@ -708,7 +722,7 @@ class Worker:
         try:
             if not batches.cancelled_lately(job.batch_id):
                 return False
-            skipped = batches.skip_member(job)
+            skipped = lifecycle.skip_member(job)
         except DatabaseError as exc:
             # Run as usual: the member may see the cancel itself (context.batch).
             logger.warning("cannot tell whether batch id=%s was cancelled: %s", job.batch_id, error_text(exc))
@@ -819,10 +833,10 @@ class Worker:
             nonlocal tries
             tries += 1
             if not records:
-                deleted = Job.objects.delete_many_reserved([job for job, _ in done])
+                deleted = lifecycle.delete_many([job for job, _ in done])
             else:
                 with transaction.atomic(using=alias()):
-                    deleted = Job.objects.delete_many_reserved([job for job, _ in done])
+                    deleted = lifecycle.delete_many([job for job, _ in done])
                     for pk in deleted:
                         if pk in records:
                             records[pk].save(using=alias(), force_insert=records[pk]._state.adding)
@@ -926,13 +940,13 @@ class Worker:
             nonlocal failed_job, tries
             tries += 1
             if outcome.status == "succeeded":
-                stored = Job.objects.delete_reserved(job, follow_ups=follow_ups)
+                stored = lifecycle.delete(job, follow_ups=follow_ups)
             elif outcome.status == "released":
-                stored = Job.objects.release(
+                stored = lifecycle.release(
                     job, delay=outcome.delay, give_back=outcome.given_back, exception=outcome.counts_exception
                 )
             else:
-                failed_job = Job.objects.fail(
+                failed_job = lifecycle.fail(
                     job, error=outcome.error, exception_class=outcome.exception_class, follow_ups=follow_ups
                 )
                 stored = failed_job is not None

@@ -34,6 +34,7 @@ from django.db.models import Q
 
 from . import conf
 from .db import DbNow
+from .lifecycle import reclaim_worker
 from .models import Job, QueueWorker
 
 logger = logging.getLogger("django_dbqueue")
@@ -164,9 +165,7 @@ def reclaim_dead(*, default_tries: int | None = None) -> int:
     for worker_id, last_seen, now in dead:
         seconds = (now - last_seen).total_seconds()
         error = WORKER_LOST_ERROR.format(worker=worker_id, seconds=seconds)
-        reclaimed = Job.objects.reclaim_worker(
-            worker_id, error_for=functools.partial(_same, error), default_tries=default_tries
-        )
+        reclaimed = reclaim_worker(worker_id, error_for=functools.partial(_same, error), default_tries=default_tries)
         if reclaimed:
             logger.warning(
                 "reclaimed jobs=%s of dead worker_id=%s silent_for=%.0fs (before their retry_after)",

@@ -114,11 +114,11 @@ def _claims_start_afresh() -> Iterator[None]:
     from django_dbqueue import batches, claims
 
     claims.forget_paused()
-    claims._clearing.clear()
+    claims.plain._clearing.clear()
     batches.forget_cancelled()
     yield
     claims.forget_paused()
-    claims._clearing.clear()
+    claims.plain._clearing.clear()
     batches.forget_cancelled()
 
 

@@ -12,6 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from django_dbqueue import claims, lifecycle
 from django_dbqueue.models import FailedJob, Job, JobProgress
 from tests.testapp import jobs
 
@@ -24,8 +25,8 @@ JOB_LIST = reverse("admin:django_dbqueue_job_changelist")
 def make_failed(key: str, queue: str = "default") -> FailedJob:
     """A failed job made the way the worker makes one."""
     jobs.always_fail.using(queue=queue).enqueue(key)
-    job = Job.objects.reserve([queue])
-    failed = Job.objects.fail(
+    job = claims.reserve([queue])
+    failed = lifecycle.fail(
         job,
         error=f"Traceback (most recent call last):\n  ...\nValueError: {key} broke",
         exception_class="builtins.ValueError",
@@ -200,8 +201,8 @@ def test_the_job_list_shows_each_state_and_filters_by_it(admin):
     jobs.add.using(delay=3600).enqueue(2, 2)
     jobs.add.using(queue="busy").enqueue(3, 3)
     jobs.add.using(queue="stale").enqueue(4, 4)
-    Job.objects.reserve(["busy"])
-    stale = Job.objects.reserve(["stale"])
+    claims.reserve(["busy"])
+    stale = claims.reserve(["stale"])
     Job.objects.filter(pk=stale.pk).update(reserved_at=F("reserved_at") - dt.timedelta(hours=1))
     page = admin.get(JOB_LIST).content.decode()
     for state in ("waiting", "delayed", "reserved", "reservation expired"):
@@ -221,8 +222,8 @@ def test_run_now_makes_a_delayed_job_available(admin):
 def test_release_expired_reclaims_only_expired_reservations(admin):
     jobs.add.using(queue="stale").enqueue(1, 1)
     jobs.add.using(queue="busy").enqueue(2, 2)
-    stale = Job.objects.reserve(["stale"])
-    busy = Job.objects.reserve(["busy"])
+    stale = claims.reserve(["stale"])
+    busy = claims.reserve(["busy"])
     Job.objects.filter(pk=stale.pk).update(reserved_at=F("reserved_at") - dt.timedelta(hours=1))
     response = admin.post(JOB_LIST, {"action": "release_expired", "_selected_action": [stale.pk, busy.pk]}, follow=True)
     assert "1 expired reservation was released." in response.content.decode()
@@ -235,7 +236,7 @@ def test_the_queue_overview_counts_each_queue_and_links_to_the_lists(admin):
     jobs.add.enqueue(2, 2)
     jobs.add.using(delay=3600).enqueue(3, 3)
     jobs.add.using(queue="emails").enqueue(4, 4)
-    Job.objects.reserve(["emails"])
+    claims.reserve(["emails"])
     make_failed("x", queue="emails")
     response = admin.get(reverse("admin:django_dbqueue_overview"))
     rows = {row.queue: row for row in response.context["rows"]}
@@ -295,7 +296,7 @@ def test_the_overview_shows_every_figure_with_both_view_permissions(staff):
 
 def reserved_and_waiting() -> tuple[Job, Job, Job]:
     jobs.add.using(queue="busy").enqueue(1, 1)
-    running = Job.objects.reserve(["busy"])
+    running = claims.reserve(["busy"])
     assert running is not None
     return running, jobs.add.enqueue(2, 2), jobs.add.using(delay=3600).enqueue(3, 3)
 
@@ -321,7 +322,7 @@ def test_a_job_reserved_after_the_confirmation_page_is_not_deleted(admin):
     claimed_later = Job.objects.get()
     confirm = admin.post(JOB_LIST, {"action": "delete_selected", "_selected_action": [claimed_later.pk]})
     assert [job.pk for job in confirm.context["queryset"]] == [claimed_later.pk]
-    assert Job.objects.reserve(["default"]) is not None  # a worker claims it before the POST
+    assert claims.reserve(["default"]) is not None  # a worker claims it before the POST
     response = admin.post(
         JOB_LIST, {"action": "delete_selected", "_selected_action": [claimed_later.pk], "post": "yes"}, follow=True
     )
@@ -377,7 +378,7 @@ def test_the_cancel_action_needs_the_cancel_permission_and_cancels_waiting_jobs(
 
 def test_the_cancel_action_asks_a_reserved_job_to_stop(staff):
     handle = jobs.record.enqueue("running")
-    job = Job.objects.reserve(["default"], worker_id="w1")
+    job = claims.reserve(["default"], worker_id="w1")
     assert job is not None and job.pk == handle.id
     client = staff("view_job", "cancel_job")
     response = client.post(JOB_LIST, {"action": "cancel_selected_hard", "_selected_action": [handle.id]}, follow=True)

@@ -13,7 +13,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from django_dbqueue import batch, batches
+from django_dbqueue import batch, batches, claims, lifecycle
 from django_dbqueue.admin import batches as batch_admin
 from django_dbqueue.models import FailedJob, FailedJobQuerySet, Job, JobBatch
 from tests.test_browser import live_url, page, screenshot_path  # noqa: F401  (fixtures)
@@ -42,13 +42,13 @@ def make_batch(
         )
     handle = declared.enqueue()
     for i in range(succeed + fail + run):
-        job = Job.objects.reserve(["default"])
+        job = claims.reserve(["default"])
         assert job is not None and job.batch_id == handle.id
         if i < succeed:
-            assert Job.objects.delete_reserved(job)
+            assert lifecycle.delete(job)
         elif i < succeed + fail:
             error = f"Traceback (most recent call last):\n  ...\nRuntimeError: member {name}-{i} fails on purpose"
-            assert Job.objects.fail(job, error=error, exception_class="builtins.RuntimeError") is not None
+            assert lifecycle.fail(job, error=error, exception_class="builtins.RuntimeError") is not None
     return handle.id
 
 
@@ -295,14 +295,14 @@ def test_a_cancelled_batch_offers_no_retry_and_says_why():
 def test_the_retry_button_retries_a_chunk_per_transaction(monkeypatch):
     batch_id = make_batch("photos", succeed=1, fail=5)
     chunks: list[int] = []
-    retry = FailedJobQuerySet.retry
+    retry = lifecycle.retry
 
-    def counted(self: FailedJobQuerySet) -> list[Job]:
-        jobs = retry(self)
+    def counted(failed: FailedJobQuerySet) -> list[Job]:
+        jobs = retry(failed)
         chunks.append(len(jobs))
         return jobs
 
-    monkeypatch.setattr(FailedJobQuerySet, "retry", counted)
+    monkeypatch.setattr(lifecycle, "retry", counted)
     monkeypatch.setattr(batch_admin, "RETRY_CHUNK", 2)
     client = login("view_jobbatch", *RETRY)
     response = client.post(reverse("admin:django_dbqueue_jobbatch_retry", args=[batch_id]), follow=True)

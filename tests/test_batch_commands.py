@@ -12,7 +12,7 @@ from django.core.management import call_command, load_command_class
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from django_dbqueue import batch, get_batch
+from django_dbqueue import batch, claims, get_batch
 from django_dbqueue.management.commands.queue_batches import STATES
 from django_dbqueue.models import FailedJob, Job, JobBatch
 from tests.conftest import run_worker
@@ -63,7 +63,7 @@ def one_of_each_state() -> dict[str, int]:
     ids = {"finished": enqueue("ok", 2, name="finished"), "failed": enqueue("bad", 2, failing=1, name="failed")}
     run_worker()
     ids["cancelling"] = enqueue("held", 2, name="cancelling")
-    held = Job.objects.reserve(["default"])  # a worker holds one member: it is left to finish
+    held = claims.reserve(["default"])  # a worker holds one member: it is left to finish
     assert held is not None and held.batch_id == ids["cancelling"]
     ids["running"] = enqueue("run", 2, name="running")
     ids["cancelled"] = enqueue("gone", 2, name="cancelled")
@@ -259,7 +259,7 @@ def test_retry_batch_says_when_a_member_stays_failed_because_its_unique_key_is_h
 def test_cancel_batch_deletes_the_waiting_members_and_leaves_running_ones_to_finish():
     pk = enqueue("a", 4)
     other = enqueue("b", 2)
-    held = Job.objects.reserve(["default"])
+    held = claims.reserve(["default"])
     assert held is not None and held.batch_id == pk
     lines = run("queue_cancel_batch", str(pk), str(other)).splitlines()
     assert lines == [

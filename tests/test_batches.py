@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 from django.test import Client
 
-from django_dbqueue import BatchClosed, batch, chain, get_batch, get_progress
+from django_dbqueue import BatchClosed, batch, chain, claims, get_batch, get_progress, lifecycle
 from django_dbqueue.chains import follow_ups
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import FailedJob, Job, JobBatch
@@ -188,10 +188,10 @@ def test_cancel_deletes_waiting_members_runs_on_finish_and_refuses_new_members()
 
 def test_a_running_chain_of_a_cancelled_batch_stops_after_its_current_step():
     handle = batch(chain(jobs.step.bind("c", 1), jobs.step.bind("c", 2))).enqueue()
-    [first] = Job.objects.reserve_many(["default"], limit=1)
+    [first] = claims.reserve_many(["default"], limit=1)
     assert get_batch(handle.id).cancel() == 0  # the running step is left to its worker
     # Its worker records the step's success with the chain's next step, as after a run.
-    assert Job.objects.delete_reserved(first, follow_ups=follow_ups(first, succeeded=True)) is True
+    assert lifecycle.delete(first, follow_ups=follow_ups(first, succeeded=True)) is True
     assert not Job.objects.exists()  # the next step was dropped: the member counts as cancelled
     assert counts(handle.id) == (1, 0, 0, 1)
     assert get_batch(handle.id).state == "cancelled"
@@ -235,7 +235,7 @@ def test_a_unique_member_whose_key_is_held_is_not_counted():
 def test_a_claimed_member_of_a_batch_cancelled_since_does_not_start():
     declared = batch(*(jobs.member.bind(f"m{i}") for i in range(3))).on_finish(jobs.batch_callback.bind("cb-f"))
     handle = declared.enqueue()
-    claimed = Job.objects.reserve_many(["default"], limit=3)
+    claimed = claims.reserve_many(["default"], limit=3)
     assert len(claimed) == 3 and handle.cancel() == 0  # all three held by a worker: none deleted
     worker = Worker(WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=30, backoff=0)))
     for job in claimed:
@@ -253,6 +253,6 @@ def test_failed_members_of_a_cancelled_batch_are_retried_outside_it():
     assert handle.cancel() == 1
     with pytest.raises(BatchClosed):
         get_batch(handle.id).retry_failed()
-    [job] = FailedJob.objects.retry([FailedJob.objects.get().pk])
+    [job] = lifecycle.retry(FailedJob.objects.filter(pk__in=[FailedJob.objects.get().pk]))
     assert job.batch_id is None
     assert counts(handle.id) == (2, 0, 0, 2) and get_batch(handle.id).state == "cancelled"

@@ -67,7 +67,7 @@ def test_a_job_enqueued_alone_is_claimed_before_the_jobs_enqueued_many_after_it(
     ids = [first.id, *(handle.id for handle in later)]
     times = list(Job.objects.filter(pk__in=ids).order_by("id").values_list("available_at", flat=True))
     assert times == sorted(times)
-    claimed = Job.objects.reserve_many([queue], limit=4, worker_id="w")
+    claimed = claims.reserve_many([queue], limit=4, worker_id="w")
     # A key with one slot admits one job: the first.
     assert [job.pk for job in claimed] == (ids[:1] if keyed else ids)
 

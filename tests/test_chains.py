@@ -9,7 +9,7 @@ import signal
 import pytest
 from django.test import Client
 
-from django_dbqueue import chain, get_progress
+from django_dbqueue import chain, get_progress, lifecycle
 from django_dbqueue.models import FailedJob, Job, JobProgress
 from django_dbqueue.progress import progress_token
 from tests.conftest import run_worker, wait_until
@@ -66,7 +66,7 @@ def test_a_failing_middle_step_stops_the_chain_and_keeps_the_rest_visible():
 
     # Retrying the failed step resumes the chain from it.
     Run.objects.create(key="f-allow")
-    FailedJob.objects.retry([failed.pk])
+    lifecycle.retry(FailedJob.objects.filter(pk__in=[failed.pk]))
     run_worker()
     assert run_keys() == ["f-1", "f-cleanup", "f-allow", "f-2", "f-3"]
     assert not FailedJob.objects.exists() and not Job.objects.exists()

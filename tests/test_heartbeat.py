@@ -10,6 +10,7 @@ import time
 import pytest
 from django.db.models import F
 
+from django_dbqueue import claims, lifecycle
 from django_dbqueue.heartbeat import ERROR_RETRY, Heartbeat, beat_interval
 from django_dbqueue.models import Job
 from tests.conftest import wait_until
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def reserved(worker_id: str = "host:1:aaa", **options: int) -> Job:
     jobs.add.using(**options).enqueue(1, 2)
-    job = Job.objects.reserve(["default"], worker_id=worker_id)
+    job = claims.reserve(["default"], worker_id=worker_id)
     assert job is not None
     return job
 
@@ -38,29 +39,29 @@ def test_the_interval_is_a_third_of_retry_after_and_never_tiny():
 def test_extend_moves_the_holders_reservation_to_now():
     job = reserved()
     age(job)
-    assert Job.objects.extend(job, worker_id="host:1:aaa")
-    assert Job.objects.expired() == [] and Job.objects.reclaim_expired() == 0
+    assert lifecycle.extend(job, worker_id="host:1:aaa")
+    assert Job.objects.expired() == [] and lifecycle.reclaim_expired() == 0
 
 
 def test_extend_changes_nothing_for_another_worker_or_a_later_reservation():
     job = reserved()
     age(job)
-    assert not Job.objects.extend(job, worker_id="host:2:bbb")
-    assert Job.objects.release(job)
-    assert not Job.objects.extend(job, worker_id="host:1:aaa")  # released: nobody holds it
-    again = Job.objects.reserve(["default"], worker_id="host:1:aaa")
+    assert not lifecycle.extend(job, worker_id="host:2:bbb")
+    assert lifecycle.release(job)
+    assert not lifecycle.extend(job, worker_id="host:1:aaa")  # released: nobody holds it
+    again = claims.reserve(["default"], worker_id="host:1:aaa")
     assert again is not None and again.attempts == 2
     age(again)
-    assert not Job.objects.extend(job, worker_id="host:1:aaa")  # the first reservation is over
+    assert not lifecycle.extend(job, worker_id="host:1:aaa")  # the first reservation is over
     assert [expired.pk for expired in Job.objects.expired()] == [job.pk]
 
 
 def test_an_extended_reservation_can_still_be_failed_by_compare_and_set_on_reserved_at():
     # SQLite stores DbNow() with 3 decimals; the reclaim compares reserved_at with 6.
     job = reserved()
-    assert Job.objects.extend(job, worker_id="host:1:aaa")
+    assert lifecycle.extend(job, worker_id="host:1:aaa")
     stored = Job.objects.get(pk=job.pk)
-    assert Job.objects.fail(stored, error="x", exception_class="X", reserved_at=stored.reserved_at) is not None
+    assert lifecycle.fail(stored, error="x", exception_class="X", reserved_at=stored.reserved_at) is not None
 
 
 def test_a_heartbeat_extends_until_stopped_then_its_thread_ends():

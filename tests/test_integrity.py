@@ -20,6 +20,7 @@ import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
+from django_dbqueue import lifecycle
 from django_dbqueue.chains import new_job
 from django_dbqueue.claims import claim
 from django_dbqueue.db import DbNow
@@ -180,7 +181,7 @@ def test_a_failed_job_whose_envelope_holds_a_bad_flow_value_stays_failed_and_the
     odd = FailedJob.objects.create(
         job_id=3, payload='{"v": 1, "args": ["c"], "kwargs": {}, "flow": {"surprise": 1}}', failed_at=now, **common
     )
-    retried = FailedJob.objects.filter(pk__in=[good.pk, bad.pk, odd.pk]).retry()
+    retried = lifecycle.retry(FailedJob.objects.filter(pk__in=[good.pk, bad.pk, odd.pk]))
     assert len(retried) == 2
     assert set(FailedJob.objects.values_list("pk", flat=True)) == {bad.pk}
     assert "concurrency_limit must be" in caplog.text
@@ -198,7 +199,7 @@ def test_a_poisoned_reserved_row_does_not_stop_the_reclaim_of_a_healthy_one(rest
         # left (the reclaim's UPDATE is refused: moved aside as an invalid row).
         spent = _reserved(retry_after=0, max_tries=1, concurrency_limit=0, concurrency_key=None)
         left = _reserved(retry_after=0, max_tries=5)
-    assert Job.objects.reclaim_expired() == 3
+    assert lifecycle.reclaim_expired() == 3
     healthy_row = Job.objects.get(pk=healthy.pk)
     assert healthy_row.reserved_at is None and healthy_row.attempts == 1
     # SQLite checks an UPDATE only against the checks of the columns it changes: its

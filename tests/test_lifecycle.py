@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone, translation
 
-from django_dbqueue import JobContext, Snooze, checks, job, payload
+from django_dbqueue import JobContext, Snooze, checks, claims, job, payload
 from django_dbqueue.execution import Defaults, execute
 from django_dbqueue.middleware import JobLogFilter
 from django_dbqueue.models import FailedJob, Job
@@ -79,7 +79,7 @@ def test_a_snooze_releases_the_job_for_its_delay_and_counts_as_given_back():
 
 def test_a_snooze_is_not_an_error_its_outcome_holds_no_traceback():
     row = jobs.snooze_for.enqueue("short", dt.timedelta(seconds=5))
-    claimed = Job.objects.reserve(["default"], worker_id="w")
+    claimed = claims.reserve(["default"], worker_id="w")
     assert claimed is not None
     outcome = execute(claimed, worker_id="w", defaults=DEFAULTS)
     assert (outcome.status, outcome.delay, outcome.given_back, outcome.snoozed) == ("released", 5.0, True, True)

@@ -17,7 +17,7 @@ from django.utils import timezone
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_dbqueue import history, metrics, pauses
+from django_dbqueue import claims, history, metrics, pauses
 from django_dbqueue.checks import check_metrics_extra
 from django_dbqueue.models import Job, JobHistory, QueueWorker
 from tests.conftest import run_worker
@@ -141,7 +141,7 @@ def test_the_gauges_count_jobs_per_queue_and_state_failed_jobs_paused_queues_and
     Job.objects.filter(queue="default").update(available_at=Now() - timedelta(seconds=120))
     jobs.record.using(delay=3600).enqueue("later")
     jobs.record.using(queue="emails").enqueue("c")
-    reserved = Job.objects.reserve(["emails"])
+    reserved = claims.reserve(["emails"])
     assert reserved is not None
     jobs.always_fail.using(queue="reports", tries=1).enqueue("x")
     run_worker(queues=["reports"])

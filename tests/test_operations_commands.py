@@ -19,7 +19,7 @@ from django.db.utils import ConnectionDoesNotExist
 from django.test import override_settings
 from django.utils import timezone
 
-from django_dbqueue import operations
+from django_dbqueue import claims, lifecycle, operations
 from django_dbqueue.exceptions import FailedJobsNotFound
 from django_dbqueue.management import output
 from django_dbqueue.models import FailedJob, Job, QueueWorker
@@ -52,11 +52,9 @@ def fail(
 ) -> FailedJob:
     """Enqueue a job, reserve it and fail it, as a worker would; optionally backdate it."""
     job = definition.using(queue=queue).enqueue(*(args or ("key",)))
-    reserved = Job.objects.reserve([queue])
+    reserved = claims.reserve([queue])
     assert reserved is not None and reserved.pk == job.pk, "another job was waiting in the queue"
-    failed = Job.objects.fail(
-        reserved, error=f"Traceback ...\n{exception_class}: boom", exception_class=exception_class
-    )
+    failed = lifecycle.fail(reserved, error=f"Traceback ...\n{exception_class}: boom", exception_class=exception_class)
     assert failed is not None
     if hours_ago is not None:
         FailedJob.objects.filter(pk=failed.pk).update(failed_at=timezone.now() - timedelta(hours=hours_ago))
@@ -377,7 +375,7 @@ def test_prune_failed_deletes_the_failed_jobs_older_than_hours():
 @db
 def test_clear_with_force_deletes_waiting_and_delayed_jobs_and_keeps_reserved_ones():
     jobs.record.enqueue("reserved")
-    reserved = Job.objects.reserve(["default"])
+    reserved = claims.reserve(["default"])
     jobs.record.enqueue("waiting")
     jobs.record.using(delay=3600).enqueue("delayed")
     other = jobs.record.using(queue="emails").enqueue("other queue")
@@ -444,7 +442,7 @@ def test_clear_of_an_empty_queue_asks_nothing():
 @db
 def test_monitor_shows_each_queue_sizes_and_the_age_of_its_oldest_waiting_job():
     jobs.record.enqueue("reserved")
-    Job.objects.reserve(["default"])
+    claims.reserve(["default"])
     old = jobs.record.enqueue("waiting for two hours")
     Job.objects.filter(pk=old.pk).update(available_at=timezone.now() - timedelta(hours=2, minutes=5))
     jobs.record.using(delay=3600).enqueue("delayed")
@@ -475,7 +473,7 @@ def test_monitor_with_max_fails_naming_the_queues_over_it():
         jobs.record.using(queue="emails").enqueue(f"e{index}")
     jobs.record.using(queue="reports", delay=60).enqueue("r")
     jobs.record.enqueue("d")
-    Job.objects.reserve(["default"])
+    claims.reserve(["default"])
     jobs.record.enqueue("d2")
     message = error_of("queue_monitor", "--max", "1")
     assert message == "Over 1 job (waiting, delayed and reserved): default (2), emails (3)"
@@ -746,7 +744,7 @@ def test_failed_jobs_filters_and_orders_newest_first():
 @db
 def test_clear_queue_spares_reserved_jobs_other_queues_and_jobs_enqueued_after_the_count():
     jobs.record.enqueue("reserved")
-    reserved = Job.objects.reserve(["default"])
+    reserved = claims.reserve(["default"])
     jobs.record.enqueue("waiting")
     jobs.record.using(delay=60).enqueue("delayed")
     jobs.record.using(queue="emails").enqueue("other")
@@ -766,7 +764,7 @@ def test_clear_queue_spares_reserved_jobs_when_a_delete_signal_receiver_is_conne
         pass
 
     jobs.record.enqueue("reserved")
-    reserved = Job.objects.reserve(["default"])
+    reserved = claims.reserve(["default"])
     jobs.record.enqueue("waiting")
     pre_delete.connect(receiver)
     try:

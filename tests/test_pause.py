@@ -197,15 +197,15 @@ def test_a_pause_made_elsewhere_holds_for_claims_that_start_pause_check_after_it
     assert claims.paused(connection.alias) == frozenset()
     # Another process pauses the queue: this one is not told, and reads it again when its read is PAUSE_CHECK old.
     PausedQueue.objects.create(queue="default", paused_at=timezone.now())
-    assert Job.objects.reserve(["default"]).pk == first.pk
+    assert claims.reserve(["default"]).pk == first.pk
     read_at, read = claims._paused[connection.alias]
     claims._paused[connection.alias] = (read_at - claims.PAUSE_CHECK, read)
     assert claims.paused(connection.alias) == frozenset({"default"})
-    assert Job.objects.reserve(["default"]) is None
-    assert Job.objects.reserve_many(["default"], limit=5) == []
+    assert claims.reserve(["default"]) is None
+    assert claims.reserve_many(["default"], limit=5) == []
     # A resume made in this process is seen by its next claim.
     pauses.resume("default")
-    assert Job.objects.reserve(["default"]).pk == second.pk
+    assert claims.reserve(["default"]).pk == second.pk
 
 
 @db
@@ -222,11 +222,11 @@ def test_a_notification_naming_a_queue_read_as_paused_makes_the_next_claim_read_
 @db
 def test_a_worker_whose_first_queue_is_paused_finishes_its_batch_and_claims_from_the_next():
     jobs.record.enqueue("a")
-    done = Job.objects.reserve_many(["default"], limit=1, worker_id="w")
+    done = claims.reserve_many(["default"], limit=1, worker_id="w")
     jobs.record.enqueue("b")
     low = jobs.record.using(queue="low").enqueue("c")
     pauses.pause("default", force=True)
-    deleted, claimed = Job.objects.finish_and_reserve(done, ["default", "low"], limit=5, worker_id="w")
+    deleted, claimed = claims.finish_and_reserve(done, ["default", "low"], limit=5, worker_id="w")
     assert deleted == {job.pk for job in done} and len(done) == 1
     assert [job.pk for job in claimed] == [low.pk]
     assert list(Job.objects.filter(queue="default").values_list("attempts", flat=True)) == [0]

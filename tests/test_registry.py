@@ -10,7 +10,7 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import JobDefinition, chain, enqueue_many, job, registry
+from django_dbqueue import JobDefinition, chain, claims, enqueue_many, job, registry
 from django_dbqueue.exceptions import DbQueueError, JobNotRegistered, PayloadTooLarge, UnknownQueue
 from django_dbqueue.models import Job
 from tests.testapp import jobs
@@ -120,7 +120,7 @@ def test_enqueue_stores_a_row_with_the_options():
 def test_a_delayed_job_is_not_waiting_until_its_time():
     row = jobs.add.using(delay=3600).enqueue(1, 2)
     assert Job.objects.delayed().filter(pk=row.pk).exists()
-    assert Job.objects.reserve(["default"]) is None
+    assert claims.reserve(["default"]) is None
 
 
 @pytest.mark.django_db
@@ -153,7 +153,7 @@ def test_a_job_enqueued_in_a_rolled_back_transaction_never_existed():
         jobs.add.enqueue(1, 2)
         raise RuntimeError("roll back")
     assert Job.objects.count() == 0
-    assert Job.objects.reserve(["default"]) is None
+    assert claims.reserve(["default"]) is None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -162,7 +162,7 @@ def test_a_job_enqueued_in_an_open_transaction_is_invisible_to_workers_until_com
 
     def reserve_from_another_connection():
         try:
-            seen.append(Job.objects.reserve(["default"]))
+            seen.append(claims.reserve(["default"]))
         finally:
             connections.close_all()
 

@@ -9,7 +9,8 @@ from django.db import connection
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue.models import FailedJob, Job
+from django_dbqueue import claims, lifecycle
+from django_dbqueue.models import DB_NOW, FailedJob, Job, State
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db
@@ -22,34 +23,34 @@ def expire(job: Job, seconds: int = 3600) -> None:
 
 def test_reserve_bumps_attempts_and_sets_reserved_at_and_the_worker():
     row = jobs.add.enqueue(1, 2)
-    job = Job.objects.reserve(["default"], worker_id="host:1:abc")
+    job = claims.reserve(["default"], worker_id="host:1:abc")
     assert job is not None and job.pk == row.pk
     stored = Job.objects.get(pk=row.pk)
     assert (stored.attempts, stored.reserved_by) == (1, "host:1:abc")
     assert stored.reserved_at is not None and stored.reserved_at == job.reserved_at
-    assert Job.objects.reserve(["default"]) is None
+    assert claims.reserve(["default"]) is None
 
 
 def test_reserve_takes_the_first_non_empty_queue_in_the_list():
     low = jobs.add.using(queue="low").enqueue(1, 1)
     high = jobs.add.using(queue="high").enqueue(2, 2)
-    assert Job.objects.reserve(["high", "low"]).pk == high.pk
-    assert Job.objects.reserve(["high", "low"]).pk == low.pk
-    assert Job.objects.reserve(["high", "low"]) is None
+    assert claims.reserve(["high", "low"]).pk == high.pk
+    assert claims.reserve(["high", "low"]).pk == low.pk
+    assert claims.reserve(["high", "low"]) is None
 
 
 def test_reserve_takes_higher_priority_first_then_oldest():
     first = jobs.add.enqueue(1, 1)
     second = jobs.add.enqueue(2, 2)
     urgent = jobs.add.using(priority=10).enqueue(3, 3)
-    order = [Job.objects.reserve(["default"]).pk for _ in range(3)]
+    order = [claims.reserve(["default"]).pk for _ in range(3)]
     assert order == [urgent.pk, first.pk, second.pk]
 
 
 def test_reserve_many_hands_out_distinct_rows_up_to_the_limit():
     rows = [jobs.add.enqueue(i, i) for i in range(5)]
-    first = Job.objects.reserve_many(["default"], limit=3)
-    second = Job.objects.reserve_many(["default"], limit=3)
+    first = claims.reserve_many(["default"], limit=3)
+    second = claims.reserve_many(["default"], limit=3)
     assert [job.pk for job in first] == [row.pk for row in rows[:3]]
     assert [job.pk for job in second] == [row.pk for row in rows[3:]]
     assert Job.objects.reserved().count() == 5
@@ -58,25 +59,25 @@ def test_reserve_many_hands_out_distinct_rows_up_to_the_limit():
 def test_the_busy_path_does_not_look_for_expired_reservations():
     jobs.add.enqueue(1, 1)
     with CaptureQueriesContext(connection) as queries:
-        Job.objects.reserve(["default"])
+        claims.reserve(["default"])
     # The reclaim reads reserved rows: ``reserved_at IS NOT NULL``.
     assert not any('reserved_at" IS NOT NULL' in query["sql"].replace("`", '"') for query in queries.captured_queries)
 
 
 def test_an_expired_reservation_is_reclaimed_and_reserved_again_with_attempts_counted():
     row = jobs.add.enqueue(1, 2)
-    first = Job.objects.reserve(["default"], worker_id="dead")
-    assert Job.objects.reserve(["default"]) is None  # not expired yet
+    first = claims.reserve(["default"], worker_id="dead")
+    assert claims.reserve(["default"]) is None  # not expired yet
     expire(first)
-    second = Job.objects.reserve(["default"], worker_id="alive")
+    second = claims.reserve(["default"], worker_id="alive")
     assert second is not None and second.pk == row.pk
     assert (second.attempts, second.reserved_by) == (2, "alive")
 
 
 def test_a_reclaimed_job_that_used_its_tries_moves_to_failed_job():
     row = jobs.add.using(tries=1).enqueue(1, 2)
-    expire(Job.objects.reserve(["default"]))
-    assert Job.objects.reserve(["default"]) is None
+    expire(claims.reserve(["default"]))
+    assert claims.reserve(["default"]) is None
     failed = FailedJob.objects.get()
     assert (failed.job_id, failed.name, failed.attempts) == (row.pk, "tests.add", 1)
     assert failed.exception_class == "django_dbqueue.exceptions.MaxAttemptsExceeded"
@@ -86,37 +87,37 @@ def test_a_reclaimed_job_that_used_its_tries_moves_to_failed_job():
 
 def test_a_late_delete_release_or_fail_does_not_touch_the_new_reservation():
     jobs.add.enqueue(1, 2)
-    stale = Job.objects.reserve(["default"], worker_id="slow")
+    stale = claims.reserve(["default"], worker_id="slow")
     expire(stale)
-    current = Job.objects.reserve(["default"], worker_id="fast")
+    current = claims.reserve(["default"], worker_id="fast")
     assert current.attempts == stale.attempts + 1
 
-    assert Job.objects.delete_reserved(stale) is False
-    assert Job.objects.release(stale, delay=0) is False
-    assert Job.objects.fail(stale, error="late", exception_class="x") is None
+    assert lifecycle.delete(stale) is False
+    assert lifecycle.release(stale, delay=0) is False
+    assert lifecycle.fail(stale, error="late", exception_class="x") is None
     stored = Job.objects.get()
     assert (stored.attempts, stored.reserved_by) == (current.attempts, "fast")
     assert stored.reserved_at is not None and not FailedJob.objects.exists()
 
-    assert Job.objects.delete_reserved(current) is True
+    assert lifecycle.delete(current) is True
     assert not Job.objects.exists()
 
 
 def test_release_makes_the_job_available_after_its_delay():
     jobs.add.enqueue(1, 2)
-    job = Job.objects.reserve(["default"])
-    assert Job.objects.release(job, delay=3600)
+    job = claims.reserve(["default"])
+    assert lifecycle.release(job, delay=3600)
     stored = Job.objects.get()
     assert stored.reserved_at is None and stored.reserved_by == ""
-    assert Job.objects.delayed().count() == 1 and Job.objects.reserve(["default"]) is None
-    Job.objects.release(stored, delay=0)
-    assert Job.objects.reserve(["default"]).attempts == 2
+    assert Job.objects.delayed().count() == 1 and claims.reserve(["default"]) is None
+    lifecycle.release(stored, delay=0)
+    assert claims.reserve(["default"]).attempts == 2
 
 
 def test_fail_moves_the_job_to_failed_job_in_one_transaction():
     row = jobs.add.enqueue(1, 2).job
-    job = Job.objects.reserve(["default"])
-    failed = Job.objects.fail(job, error="Traceback...\nValueError: no", exception_class="builtins.ValueError")
+    job = claims.reserve(["default"])
+    failed = lifecycle.fail(job, error="Traceback...\nValueError: no", exception_class="builtins.ValueError")
     assert failed is not None
     failed.refresh_from_db()
     assert (failed.job_id, failed.payload, failed.error_summary) == (row.pk, row.payload, "ValueError: no")
@@ -128,9 +129,9 @@ def test_reclaim_worker_releases_a_dead_workers_jobs_at_once():
     jobs.add.enqueue(1, 2)
     jobs.add.using(tries=1).enqueue(3, 4)
     jobs.add.enqueue(5, 6)
-    held = Job.objects.reserve_many(["default"], limit=2, worker_id="dead")
-    Job.objects.reserve(["default"], worker_id="alive")
-    count = Job.objects.reclaim_worker("dead", error_for=lambda elapsed: f"died after {elapsed:.0f} s")
+    held = claims.reserve_many(["default"], limit=2, worker_id="dead")
+    claims.reserve(["default"], worker_id="alive")
+    count = lifecycle.reclaim_worker("dead", error_for=lambda elapsed: f"died after {elapsed:.0f} s")
     assert count == 2
     assert Job.objects.waiting().get().pk == held[0].pk
     assert re.fullmatch(r"died after \d+ s", FailedJob.objects.get().error)
@@ -147,9 +148,9 @@ def test_a_delete_signal_receiver_does_not_split_the_compare_and_set_delete():
     post_delete.connect(audit)
     try:
         jobs.add.enqueue(1, 2)
-        job = Job.objects.reserve(["default"])
+        job = claims.reserve(["default"])
         with CaptureQueriesContext(connection) as queries:
-            assert Job.objects.delete_reserved(job) is True
+            assert lifecycle.delete(job) is True
         statements = [q["sql"] for q in queries.captured_queries]
         assert len(statements) == 1 and statements[0].startswith("DELETE")
         assert "attempts" in statements[0]
@@ -157,14 +158,36 @@ def test_a_delete_signal_receiver_does_not_split_the_compare_and_set_delete():
         post_delete.disconnect(audit)
 
 
+def test_every_state_names_the_same_rows_in_sql_and_on_a_row_read_with_the_database_clock():
+    waiting = jobs.add.enqueue(1, 1)
+    delayed = jobs.add.using(delay=3600).enqueue(2, 2)
+    blocked = jobs.add.enqueue(3, 3)
+    Job.objects.filter(pk=blocked.pk).update(blocked=True)
+    reserved, expired = jobs.add.using(priority=5).enqueue(4, 4), jobs.add.using(priority=6).enqueue(5, 5)
+    claims.reserve_many(["default"], limit=2)
+    expire(Job.objects.get(pk=expired.pk))
+    expected = {
+        State.WAITING: waiting.pk,
+        State.DELAYED: delayed.pk,
+        State.BLOCKED: blocked.pk,
+        State.RESERVED: reserved.pk,
+        State.EXPIRED: expired.pk,
+    }
+    for state, pk in expected.items():
+        assert list(Job.objects.get_queryset().in_state(state).values_list("pk", flat=True)) == [pk]
+        row = Job.objects.annotate(**DB_NOW).get(pk=pk)
+        assert row.state(row.db_now) is state
+    assert [str(state.label) for state in State] == ["waiting", "delayed", "blocked", "reserved", "reservation expired"]
+
+
 # -- finishing a batch and claiming the next ---------------------------------------
 
 
 def test_finish_and_reserve_deletes_the_batch_that_ran_and_claims_from_the_next_non_empty_queue():
     ran = [jobs.add.using(queue="high").enqueue(i, i) for i in range(2)]
-    claimed = Job.objects.reserve_many(["high"], limit=2, worker_id="host:1:abc")
+    claimed = claims.reserve_many(["high"], limit=2, worker_id="host:1:abc")
     waiting = jobs.add.using(queue="low").enqueue(9, 9)
-    deleted, following = Job.objects.finish_and_reserve(claimed, ["high", "low"], limit=5, worker_id="host:1:abc")
+    deleted, following = claims.finish_and_reserve(claimed, ["high", "low"], limit=5, worker_id="host:1:abc")
     assert deleted == {row.pk for row in ran}
     assert [job.pk for job in following] == [waiting.pk]
     assert following[0].attempts == 1 and following[0].reserved_by == "host:1:abc"
@@ -174,9 +197,9 @@ def test_finish_and_reserve_deletes_the_batch_that_ran_and_claims_from_the_next_
 def test_finish_and_reserve_leaves_a_row_whose_reservation_is_no_longer_the_batchs():
     jobs.add.enqueue(1, 1)
     jobs.add.enqueue(2, 2)
-    first, second = Job.objects.reserve_many(["default"], limit=2, worker_id="host:1:abc")
+    first, second = claims.reserve_many(["default"], limit=2, worker_id="host:1:abc")
     Job.objects.filter(pk=second.pk).update(attempts=F("attempts") + 1, reserved_by="host:2:def")
-    deleted, following = Job.objects.finish_and_reserve([first, second], ["default"], limit=5)
+    deleted, following = claims.finish_and_reserve([first, second], ["default"], limit=5)
     assert deleted == {first.pk} and following == []
     assert list(Job.objects.values_list("pk", flat=True)) == [second.pk]
 
@@ -184,9 +207,9 @@ def test_finish_and_reserve_leaves_a_row_whose_reservation_is_no_longer_the_batc
 def test_finish_and_reserve_reclaims_expired_reservations_when_every_queue_is_empty():
     jobs.add.enqueue(1, 1)
     jobs.add.enqueue(2, 2)
-    ran, abandoned = Job.objects.reserve_many(["default"], limit=2, worker_id="host:1:abc")
+    ran, abandoned = claims.reserve_many(["default"], limit=2, worker_id="host:1:abc")
     expire(abandoned)
-    deleted, following = Job.objects.finish_and_reserve([ran], ["default"], limit=5, worker_id="host:3:ghi")
+    deleted, following = claims.finish_and_reserve([ran], ["default"], limit=5, worker_id="host:3:ghi")
     assert deleted == {ran.pk}
     assert [(job.pk, job.attempts, job.reserved_by) for job in following] == [(abandoned.pk, 2, "host:3:ghi")]
 
@@ -194,13 +217,13 @@ def test_finish_and_reserve_reclaims_expired_reservations_when_every_queue_is_em
 def test_the_hook_before_a_reclaim_runs_only_when_nothing_could_be_claimed():
     calls: list[str] = []
     jobs.add.enqueue(1, 1)
-    claimed = Job.objects.reserve_many(["default"], limit=1, before_reclaim=lambda: calls.append("reserve"))
+    claimed = claims.reserve_many(["default"], limit=1, before_reclaim=lambda: calls.append("reserve"))
     assert len(claimed) == 1 and calls == []
-    deleted, following = Job.objects.finish_and_reserve(
+    deleted, following = claims.finish_and_reserve(
         claimed, ["default"], limit=1, before_reclaim=lambda: calls.append("finish")
     )
     assert deleted == {claimed[0].pk} and following == [] and calls == ["finish"]
-    assert Job.objects.reserve_many(["default"], limit=1, before_reclaim=lambda: calls.append("idle")) == []
+    assert claims.reserve_many(["default"], limit=1, before_reclaim=lambda: calls.append("idle")) == []
     assert calls == ["finish", "idle"]
 
 
@@ -209,8 +232,8 @@ def walk(request, monkeypatch):
     """On PostgreSQL, claim with the one-scan statement or the priority walk (elsewhere: the one claim)."""
     from django_dbqueue import claims
 
-    monkeypatch.setattr(claims, "walks", lambda queue: request.param)
-    monkeypatch.setattr(claims, "timed", lambda queue, walk, seconds: None)
+    monkeypatch.setattr(claims.plain, "walks", lambda queue: request.param)
+    monkeypatch.setattr(claims.plain, "timed", lambda queue, walk, seconds: None)
     return request.param
 
 
@@ -219,12 +242,12 @@ def test_both_postgresql_statements_claim_by_priority_then_age_and_skip_delayed_
     low = [jobs.add.using(priority=-5).enqueue(i, i) for i in range(2)]
     middle = [jobs.add.enqueue(i, i) for i in range(2)]
     high = jobs.add.using(priority=5).enqueue(0, 0)
-    claimed = Job.objects.reserve_many(["default"], limit=3)
+    claimed = claims.reserve_many(["default"], limit=3)
     assert [job.pk for job in claimed] == [high.pk, middle[0].pk, middle[1].pk]
-    done, more = Job.objects.finish_and_reserve(claimed, ["default"], limit=10)
+    done, more = claims.finish_and_reserve(claimed, ["default"], limit=10)
     assert done == {job.pk for job in claimed}
     assert [job.pk for job in more] == [row.pk for row in low]
-    assert Job.objects.reserve(["default"]) is None
+    assert claims.reserve(["default"]) is None
     assert Job.objects.delayed().count() == len(delayed)
 
 
@@ -232,36 +255,36 @@ def test_both_postgresql_statements_skip_blocked_rows(walk):
     blocked = jobs.add.enqueue(1, 1)
     Job.objects.filter(pk=blocked.pk).update(blocked=True)
     free = jobs.add.enqueue(2, 2)
-    assert Job.objects.reserve(["default"]).pk == free.pk
-    assert Job.objects.reserve(["default"]) is None
+    assert claims.reserve(["default"]).pk == free.pk
+    assert claims.reserve(["default"]) is None
 
 
 def test_a_queue_claims_with_the_statement_its_claims_measured_faster_and_probes_the_other(monkeypatch):
     from django_dbqueue import claims
 
-    monkeypatch.setattr(claims, "_picks", {})
-    slow, fast = claims.SLOW_CLAIM * 2, claims.SLOW_CLAIM / 2
+    monkeypatch.setattr(claims.plain, "_picks", {})
+    slow, fast = claims.plain.SLOW_CLAIM * 2, claims.plain.SLOW_CLAIM / 2
     # A cheap one scan never walks, and one slow claim (a cold first one, a checkpoint) does not change that.
-    claims.timed("default", False, fast)
-    assert not claims.walks("default")
-    claims.timed("default", False, slow)
-    assert not claims.walks("default")
+    claims.plain.timed("default", False, fast)
+    assert not claims.plain.walks("default")
+    claims.plain.timed("default", False, slow)
+    assert not claims.plain.walks("default")
     # Scans slow on average: the walk is tried, and kept while it is faster.
     for _ in range(5):
-        claims.timed("default", False, slow)
-    assert claims.walks("default")
-    claims.timed("default", True, fast)
-    assert claims.walks("default") and claims.walks("default") and not claims.walks("other")
+        claims.plain.timed("default", False, slow)
+    assert claims.plain.walks("default")
+    claims.plain.timed("default", True, fast)
+    assert claims.plain.walks("default") and claims.plain.walks("default") and not claims.plain.walks("other")
     # Once the walk measures slower than the scan, the scan is back.
     for _ in range(10):
-        claims.timed("default", True, slow * 3)
-    assert not claims.walks("default")
+        claims.plain.timed("default", True, slow * 3)
+    assert not claims.plain.walks("default")
     # Every PROBE_EVERY seconds one claim takes the other statement, to keep its average current;
     # a probe weighs more: two that find the walk cheap bring it back.
-    pick = claims._picks["default"]
+    pick = claims.plain._picks["default"]
     for walks_after in (False, True):
         pick.probe_at = 0.0
-        assert claims.walks("default")
-        assert pick.probe_at > time.monotonic() + claims.PROBE_EVERY / 2
-        claims.timed("default", True, 0.0)
-        assert claims.walks("default") is walks_after
+        assert claims.plain.walks("default")
+        assert pick.probe_at > time.monotonic() + claims.plain.PROBE_EVERY / 2
+        claims.plain.timed("default", True, 0.0)
+        assert claims.plain.walks("default") is walks_after

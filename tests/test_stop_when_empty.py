@@ -48,7 +48,7 @@ def test_a_worker_that_stops_when_empty_claims_again_after_a_flow_claim_that_ran
     queue = limits.KEYS_QUEUE
     # One round per claim: the first reads only rows of a saturated key, blocks them and
     # gives up; the plain job behind them waits for the next claim.
-    monkeypatch.setattr(claims, "FLOW_ROUNDS", 1)
+    monkeypatch.setattr(claims.flow, "FLOW_ROUNDS", 1)
     enqueue_many(limits.keyed.bind("busy", n, 0) for n in range(claims.FLOW_LOOKAHEAD + 2))
     first = Job.objects.order_by("id").first()
     assert first is not None

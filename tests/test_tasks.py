@@ -19,7 +19,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import override_settings
 
-from django_dbqueue import PayloadTooLarge
+from django_dbqueue import PayloadTooLarge, claims, lifecycle
 from django_dbqueue.models import FailedJob, Job, TaskResultRecord
 from django_dbqueue.tasks import RUN_TASK, DatabaseBackend
 from tests.conftest import run_worker, wait_until
@@ -225,8 +225,8 @@ def test_task_options_reach_the_job():
 
 def test_a_task_whose_worker_died_reads_as_failed():
     result = tasks.once_only.enqueue()
-    Job.objects.reserve(["default"], worker_id="dead-worker")
-    Job.objects.reclaim_worker("dead-worker", error_for=lambda seconds: "the worker process died")
+    claims.reserve(["default"], worker_id="dead-worker")
+    lifecycle.reclaim_worker("dead-worker", error_for=lambda seconds: "the worker process died")
     fetched = default_task_backend.get_result(result.id)
     assert fetched.status == TaskResultStatus.FAILED
     assert fetched.errors[-1].exception_class_path == "django_dbqueue.exceptions.WorkerLost"

@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import enqueue_many, signals
+from django_dbqueue import enqueue_many, lifecycle, signals
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import Job
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
@@ -112,7 +112,7 @@ def test_prefetched_jobs_are_kept_alive_by_the_heartbeat_until_they_run():
         first = worker._next_job()
         assert first is not None and len(worker._prefetched) == 1
         time.sleep(2.5)  # more than twice their retry_after
-        assert Job.objects.expired() == [] and Job.objects.reclaim_expired() == 0
+        assert Job.objects.expired() == [] and lifecycle.reclaim_expired() == 0
         worker.process(first)
         second = worker._next_job()
         assert second is not None and second.attempts == 1

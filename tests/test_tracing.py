@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
-from django_dbqueue import JobContext, chain, enqueue_many, job, tracing
+from django_dbqueue import JobContext, chain, enqueue_many, job, lifecycle, tracing
 from django_dbqueue.models import FailedJob, Job
 from tests.conftest import run_worker
 from tests.testapp import jobs
@@ -270,7 +270,7 @@ def test_enqueue_many_gives_each_row_its_own_enqueue_span(spans):
 def test_a_retried_failed_job_runs_again_in_the_trace_of_its_first_enqueue(spans):
     jobs.always_fail.using(tries=1).enqueue("again")
     run_worker()
-    FailedJob.objects.all().retry()
+    lifecycle.retry(FailedJob.objects.all())
     run_worker()
     (enqueue,) = of_kind(spans, SpanKind.PRODUCER)
     runs = of_kind(spans, SpanKind.CONSUMER)

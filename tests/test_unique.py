@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import bulk, enqueue_many, job, registry, signals, unique
+from django_dbqueue import bulk, claims, enqueue_many, job, lifecycle, registry, signals, unique
 from django_dbqueue.bulk import Flow, NewJob
 from django_dbqueue.handles import JobHandle, JobStatus
 from django_dbqueue.models import FailedJob, Job, UniqueWindow
@@ -78,7 +78,7 @@ def enqueued_signals() -> Iterator[list[int]]:
 
 
 def reserve() -> Job:
-    reserved = Job.objects.reserve(["default"], worker_id="test")
+    reserved = claims.reserve(["default"], worker_id="test")
     assert reserved is not None
     return reserved
 
@@ -356,13 +356,13 @@ def test_until_finished_the_key_is_held_while_the_job_runs_and_freed_when_it_suc
     running = reserve()
     duplicate = record_unique.enqueue("a")
     assert (duplicate.enqueued, duplicate.id, duplicate.status) == (False, first.id, JobStatus.RUNNING)
-    assert Job.objects.delete_reserved(running)
+    assert lifecycle.delete(running)
     assert record_unique.enqueue("a").enqueued
 
 
 def test_until_finished_a_released_job_keeps_its_key():
     record_unique.enqueue("a")
-    assert Job.objects.release(reserve(), delay=0, exception=True)
+    assert lifecycle.release(reserve(), delay=0, exception=True)
     assert not record_unique.enqueue("a").enqueued
 
 
@@ -428,7 +428,7 @@ def test_with_a_real_worker_the_key_is_free_again_per_scope(worker_process, scop
 
 
 def fail(job_row: Job) -> FailedJob:
-    failed = Job.objects.fail(job_row, error="Traceback: boom", exception_class="ValueError")
+    failed = lifecycle.fail(job_row, error="Traceback: boom", exception_class="ValueError")
     assert failed is not None
     return failed
 
@@ -444,7 +444,7 @@ def test_a_job_that_fails_for_good_frees_its_key():
 def test_retrying_a_failed_unique_job_takes_its_key_again():
     record_unique.enqueue("a")
     failed = fail(reserve())
-    (retried,) = FailedJob.objects.retry([failed.pk])
+    (retried,) = lifecycle.retry(FailedJob.objects.filter(pk__in=[failed.pk]))
     assert retried.unique_key == key_of(record_unique, "a")
     duplicate = record_unique.enqueue("a")
     assert (duplicate.enqueued, duplicate.id) == (False, retried.pk)
@@ -453,7 +453,7 @@ def test_retrying_a_failed_unique_job_takes_its_key_again():
 def test_retrying_a_failed_until_started_job_takes_its_key_until_it_starts_again():
     record_until_started.enqueue("a")
     failed = fail(reserve())
-    (retried,) = FailedJob.objects.retry([failed.pk])
+    (retried,) = lifecycle.retry(FailedJob.objects.filter(pk__in=[failed.pk]))
     assert retried.unique_until_start and retried.unique_key
     assert reserve().pk == retried.pk
     assert record_until_started.enqueue("a").enqueued
@@ -465,7 +465,7 @@ def test_retrying_a_failed_job_whose_key_is_held_again_leaves_it_failed_and_says
     holder = record_unique.enqueue("a")
     assert holder.enqueued
     with caplog.at_level(logging.WARNING, logger="django_dbqueue"):
-        assert FailedJob.objects.retry([failed.pk]) == []
+        assert lifecycle.retry(FailedJob.objects.filter(pk__in=[failed.pk])) == []
     assert FailedJob.objects.filter(pk=failed.pk).exists()
     assert list(Job.objects.values_list("pk", flat=True)) == [holder.id]
     assert f"job {holder.id} with the same unique key" in caplog.text

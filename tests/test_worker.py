@@ -7,7 +7,7 @@ import time
 import pytest
 from django.db.models.functions import Now
 
-from django_dbqueue import signals
+from django_dbqueue import claims, signals
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.worker import StopReason
 from tests.conftest import run_worker
@@ -256,7 +256,7 @@ def test_a_wrong_statement_is_not_taken_for_a_lost_connection():
 def test_a_failed_claim_is_not_taken_for_an_empty_queue(monkeypatch):
     from django.db import OperationalError
 
-    real = Job.objects.reserve_many
+    real = claims.reserve_many
     calls = []
 
     def flaky(*args, **kwargs):
@@ -265,7 +265,7 @@ def test_a_failed_claim_is_not_taken_for_an_empty_queue(monkeypatch):
             raise OperationalError("server closed the connection unexpectedly")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(Job.objects, "reserve_many", flaky)
+    monkeypatch.setattr(claims, "reserve_many", flaky)
     jobs.record.enqueue("after-a-failed-claim")
     worker, reason = run_worker()
     assert reason is StopReason.EMPTY and worker.processed == 1

@@ -198,17 +198,17 @@ def insert_rows(count: int, *, kind: str = "waiting", priority: int = 0) -> None
 
 def time_claims(iterations: int) -> dict[str, Any]:
     """Reserve one job and release it, ``iterations`` times; the claim is timed alone and with the release."""
-    from django_dbqueue.models import Job
+    from django_dbqueue import claims, lifecycle
 
     claim_ms: list[float] = []
     cycle_ms: list[float] = []
     for i in range(iterations + 20):
         started = time.perf_counter()
-        jobs = Job.objects.reserve_many(["default"], limit=1, worker_id="bench:claim:0")
+        jobs = claims.reserve_many(["default"], limit=1, worker_id="bench:claim:0")
         claimed = time.perf_counter()
         if not jobs:
             raise RuntimeError("the claim found no job")
-        Job.objects.release(jobs[0])
+        lifecycle.release(jobs[0])
         released = time.perf_counter()
         if i >= 20:  # the first claims warm the caches
             claim_ms.append((claimed - started) * 1000)

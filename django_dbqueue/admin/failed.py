@@ -14,6 +14,7 @@ from django.utils.html import format_html
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
+from .. import lifecycle
 from ..models import FailedJob
 from ..operations import retry_failed
 from .base import ReadOnlyAdmin, permission, pretty_payload
@@ -86,7 +87,7 @@ class FailedJobAdmin(ReadOnlyAdmin):
     def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         if not self.has_retry_permission(request):
             raise PermissionDenied
-        if FailedJob.objects.retry([pk]):
+        if lifecycle.retry(FailedJob.objects.filter(pk=pk)):
             messages.success(request, f"Failed job {pk} was put back on the queue.")
         else:
             messages.warning(request, f"Failed job {pk} no longer exists.")

@@ -1,0 +1,324 @@
+"""The plain claim, one shape per database, and the finish-and-claim statement of PostgreSQL.
+
+One ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)`` on
+PostgreSQL; ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE`` on
+MariaDB/MySQL; a compare-and-set per row on SQLite.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import DataError, IntegrityError, connections, transaction
+from django.db.models import Case, F, Value, When
+
+from ..db import bound_cursor, cached_sql, claims_with_skip_locked
+from ..lifecycle import delete_returning, delete_sql, move_aside
+from ..models import DB_NOW, Job, JobBatch, JobQuerySet, sql_names
+
+# Queues whose plain claims on PostgreSQL free the unique keys of jobs unique
+# "until started" in the claim statement: queues that a definition with that
+# scope names (the worker says so at start), and any queue whose claim returned
+# such a job with its key (``claims.plain_claimed`` frees it then, a statement
+# later). Other queues' claims leave the CASE out, which costs a no-op drain.
+_clearing: set[str] = set()
+
+
+def clear_unique_keys(queue: str) -> None:
+    _clearing.add(queue)
+
+
+def clears_unique_keys(queue: str) -> bool:
+    return queue in _clearing
+
+
+def claim_plain(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim up to ``limit`` jobs of ``queue`` with the plain claim of the database."""
+    if connections[using].vendor == "postgresql":
+        return _claim_returning(using, queue, limit, worker_id)
+    if claims_with_skip_locked(using):
+        return _claim_locked(using, queue, limit, worker_id)
+    return _claim_cas(using, queue, limit, worker_id)
+
+
+def _claim_returning(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim in one statement (PostgreSQL); see ``claim_sql``."""
+    connection = connections[using]
+    walk = walks(queue)
+    sql = claim_sql(connection, walk=walk, clear=clears_unique_keys(queue))
+    with bound_cursor(connection) as cursor:
+        started = time.monotonic()
+        cursor.execute(sql, claim_params(worker_id, queue, limit, walk=walk))
+        rows = cursor.fetchall()
+        timed(queue, walk, time.monotonic() - started)
+        return from_claim(using, rows)
+
+
+# Which of the two PostgreSQL statements (see ``claim_sql``) a queue's plain
+# claims use, measured per queue in this process: each statement keeps a moving
+# average of its claims' times (round trip included), claims take the faster,
+# and every PROBE_EVERY seconds one claim takes the other to keep its average
+# current. A queue starts with the one scan and first tries the walk once the
+# scan's average passes SLOW_CLAIM: where nothing delayed sits in front, the
+# walk loses by its planning (docs/performance.md).
+SLOW_CLAIM = 0.002
+PROBE_EVERY = 10.0
+# The weight of a claim's time in its statement's average (a probe's: PROBE_WEIGHT).
+WEIGHT = 0.2
+PROBE_WEIGHT = 0.5
+
+
+class _Pick:
+    """The two statements' average times for one queue, and when to probe next."""
+
+    __slots__ = ("probe_at", "probing", "scan", "walk")
+
+    def __init__(self) -> None:
+        self.scan: float | None = None
+        self.walk: float | None = None
+        self.probe_at = time.monotonic() + PROBE_EVERY
+        self.probing = False
+
+    def faster_is_walk(self) -> bool:
+        return self.scan is not None and self.walk is not None and self.walk < self.scan
+
+
+_picks: dict[str, _Pick] = {}
+
+
+def walks(queue: str) -> bool:
+    """Whether the next plain claim of ``queue`` reads it priority by priority, in this process."""
+    pick = _picks.get(queue)
+    if pick is None:
+        return False
+    if pick.walk is None:
+        # Never walked yet: try the walk once the scan is slow on average.
+        pick.probing = pick.scan is not None and pick.scan > SLOW_CLAIM
+        return pick.probing
+    now = time.monotonic()
+    pick.probing = now >= pick.probe_at
+    if pick.probing:
+        pick.probe_at = now + PROBE_EVERY
+        return not pick.faster_is_walk()
+    return pick.faster_is_walk()
+
+
+def timed(queue: str, walk: bool, seconds: float) -> None:
+    """Note how long a plain claim of ``queue`` took, with the walk or the one scan."""
+    pick = _picks.get(queue)
+    if pick is None:
+        pick = _picks[queue] = _Pick()
+    average = pick.walk if walk else pick.scan
+    if average is not None:
+        seconds = average + (PROBE_WEIGHT if pick.probing else WEIGHT) * (seconds - average)
+    if walk:
+        pick.walk = seconds
+    else:
+        pick.scan = seconds
+
+
+def claim_params(worker_id: str, queue: str, limit: int, *, walk: bool = False) -> list[Any]:
+    """The parameters of ``claim_sql``, in order."""
+    if walk:
+        return [worker_id, queue, queue, queue, limit, limit]
+    return [worker_id, queue, limit]
+
+
+def from_claim(using: str, rows: Iterable[Sequence[Any]]) -> list[Job]:
+    """Jobs from rows of the claim's RETURNING, in the claim's order (RETURNING has none)."""
+    names = [field.attname for field in Job._meta.concrete_fields]
+    jobs = [Job.from_db(using, names, row) for row in rows]
+    jobs.sort(key=lambda job: (-job.priority, job.available_at, job.pk))
+    return jobs
+
+
+def candidates(using: str, queue: str, limit: int) -> JobQuerySet:
+    # The shape the index ``dbqueue_job_claim`` serves: equality on queue,
+    # then the ORDER BY in index order, so LIMIT stops at the first rows.
+    waiting = Job.objects.db_manager(using).get_queryset().waiting().filter(queue=queue)
+    return waiting.order_by("-priority", "available_at", "id").annotate(**DB_NOW)[:limit]
+
+
+# The claim's changes to a row, for the ORM paths (``claim_sql`` writes the same).
+def _reserve_changes(now: Any, worker_id: str) -> dict[str, Any]:
+    return {
+        "attempts": F("attempts") + 1,
+        "reserved_at": now,
+        "reserved_by": worker_id,
+        "unique_key": Case(When(unique_until_start=True, then=Value(None)), default=F("unique_key")),
+    }
+
+
+def _mark_reserved(jobs: Iterable[Job], now: Any, worker_id: str) -> None:
+    for job in jobs:
+        job.attempts += 1
+        job.reserved_at = now
+        job.reserved_by = worker_id
+        if job.unique_until_start:
+            job.unique_key = None
+
+
+def _claim_locked(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim with ``SELECT ... FOR UPDATE SKIP LOCKED`` (MariaDB, MySQL)."""
+    with transaction.atomic(using=using):
+        jobs = list(candidates(using, queue, limit).select_for_update(skip_locked=True))
+        if not jobs:
+            return []
+        reserve_locked(using, jobs, worker_id)
+    return jobs
+
+
+def reserve_locked(using: str, jobs: list[Job], worker_id: str) -> None:
+    """Reserve rows this transaction has locked."""
+    now = jobs[0].db_now
+    Job.objects.using(using).filter(pk__in=[job.pk for job in jobs]).update(**_reserve_changes(now, worker_id))
+    _mark_reserved(jobs, now, worker_id)
+
+
+def _claim_cas(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Claim by compare-and-set (SQLite: writers are serialised, no row locks)."""
+    claimed = []
+    for job in candidates(using, queue, limit):
+        try:
+            reserved = reserve_one(using, job, worker_id)
+        except (IntegrityError, DataError) as refused:
+            # Each row is its own statement here: the rows reserved before stay
+            # reserved, so this one is moved aside and the claim goes on.
+            move_aside(
+                job,
+                reason=f"its row cannot be claimed: the database refused to reserve it ({type(refused).__name__})",
+                using=using,
+            )
+            continue
+        if reserved:
+            claimed.append(job)
+    return claimed
+
+
+def reserve_one(using: str, job: Job, worker_id: str) -> bool:
+    updated = (
+        Job.objects.get_queryset()
+        .using(using)
+        .held(job)
+        .filter(reserved_at__isnull=True)
+        .update(**_reserve_changes(job.db_now, worker_id))
+    )
+    if updated:
+        _mark_reserved([job], job.db_now, worker_id)
+    return bool(updated)
+
+
+def claim_sql(connection: Any, *, walk: bool = False, clear: bool = True) -> str:
+    """The one-statement claim for PostgreSQL (parameters: ``claim_params``).
+
+    It reads the queue's waiting index in one ordered scan, or, with ``walk``,
+    priority by priority: a recursive query walks the distinct priorities of the
+    queue's waiting rows from the top (one index descent each), and for each
+    reads rows ``available_at <= now`` in index order, so rows delayed to later
+    are never read, where the one scan steps over all of them; it stops as soon
+    as ``LIMIT`` rows are found. Planning the walk has a cost of its own, so a
+    queue takes whichever of the two its claims measured faster (``walks``).
+
+    With ``clear`` it sets the ``unique_key`` of ``unique_until_start`` rows to
+    NULL; without, ``plain_claimed`` does that after it (see ``clears_unique_keys``).
+    """
+    return _CLAIM_SQL[walk, clear](connection)
+
+
+def _scan_candidates(n: dict[str, str]) -> str:
+    return (
+        f"SELECT {n['id']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']} "
+        f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
+        f"ORDER BY {n['priority']} DESC, {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+
+
+def _walk_candidates(n: dict[str, str]) -> str:
+    top = f"SELECT {n['priority']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']}"
+    return (
+        "WITH RECURSIVE levels (level) AS ("
+        f"({top} ORDER BY {n['priority']} DESC LIMIT 1) "
+        f"UNION ALL SELECT ({top} AND {n['priority']} < levels.level ORDER BY {n['priority']} DESC LIMIT 1) "
+        "FROM levels WHERE levels.level IS NOT NULL) "
+        f"SELECT rows.{n['id']} FROM levels CROSS JOIN LATERAL (SELECT {n['id']} FROM {n['table']} "
+        f"WHERE {n['queue']} = %s AND {n['priority']} = levels.level AND {n['waiting']} "
+        f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
+        f"ORDER BY {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED) AS rows "
+        "WHERE levels.level IS NOT NULL LIMIT %s"
+    )
+
+
+def _claim_update(connection: Any, *, walk: bool, clear: bool) -> str:
+    """The claim's UPDATE of the rows the scan or the walk selects, returning them."""
+    candidates = _walk_candidates if walk else _scan_candidates
+    fields: tuple[str, ...] = ("id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts")
+    fields += ("blocked", "unique_key", "unique_until_start")
+    table, *columns = sql_names(connection, *fields)
+    n = dict(zip(fields, columns, strict=True), table=table)
+    n["waiting"] = f"{n['reserved_at']} IS NULL AND NOT {n['blocked']}"
+    returning = ", ".join(sql_names(connection, *(field.name for field in Job._meta.concrete_fields))[1:])
+    unique = (
+        f", {n['unique_key']} = CASE WHEN {n['unique_until_start']} THEN NULL ELSE {n['unique_key']} END"
+        if clear
+        else ""
+    )
+    return (
+        f"UPDATE {table} SET {n['attempts']} = {n['attempts']} + 1, {n['reserved_at']} = STATEMENT_TIMESTAMP(), "
+        f"{n['reserved_by']} = %s{unique} WHERE {n['id']} IN ({candidates(n)}) RETURNING {returning}"
+    )
+
+
+_CLAIM_SQL = {
+    (walk, clear): cached_sql(functools.partial(_claim_update, walk=walk, clear=clear))
+    for walk in (False, True)
+    for clear in (False, True)
+}
+
+
+def finish_and_claim_sql(connection: Any, walk: bool, clear: bool, members: bool) -> str:
+    """PostgreSQL: ``lifecycle.delete_sql`` and ``claim_sql`` in one statement and one transaction.
+
+    Each row holds the array of deleted ids, then a claimed row's columns; when
+    nothing was claimed, one row holds the array and NULLs. Both parts read the
+    same snapshot and never touch the same rows (one deletes rows this worker
+    holds, the other claims rows nobody does). With ``members`` (some of the jobs
+    are batch members), each batch's ``pending`` goes down by its members
+    deleted, and every row starts with the array of the batches that reached 0
+    (``lifecycle.finished_by_members``).
+    """
+    return _FINISH_AND_CLAIM_SQL[walk, clear, members](connection)
+
+
+def _finish_and_claim(connection: Any, *, walk: bool, clear: bool, members: bool) -> str:
+    claim = claim_sql(connection, walk=walk, clear=clear)
+    if not members:
+        return (
+            f"WITH done AS ({delete_sql(connection)}), claimed AS ({claim}) "
+            "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
+        )
+    qn = connection.ops.quote_name
+    meta = JobBatch._meta
+    batch, batch_id, pending = (
+        qn(meta.db_table), qn(str(meta.get_field("id").column)), qn(str(meta.get_field("pending").column)),
+    )  # fmt: skip
+    return (
+        f"WITH done AS ({delete_returning(connection, 'batch_id')}), "
+        f"counted AS (SELECT batch_id, count(*) AS n FROM done WHERE batch_id IS NOT NULL GROUP BY batch_id), "
+        f"moved AS (UPDATE {batch} SET {pending} = {batch}.{pending} - counted.n FROM counted "
+        f"WHERE {batch}.{batch_id} = counted.batch_id "
+        f"RETURNING {batch}.{batch_id} AS id, {batch}.{pending} AS left), "
+        f"claimed AS ({claim}) "
+        "SELECT ARRAY(SELECT id FROM moved WHERE moved.left = 0), ARRAY(SELECT id FROM done), claimed.* "
+        "FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
+    )
+
+
+_FINISH_AND_CLAIM_SQL = {
+    (walk, clear, members): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=members))
+    for walk in (False, True)
+    for clear in (False, True)
+    for members in (False, True)
+}

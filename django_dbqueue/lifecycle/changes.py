@@ -1,0 +1,436 @@
+"""The changes of one job's state after its claim, each with its compare-and-set on ``(id, attempts)``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models import F, QuerySet
+from django.db.models.functions import Greatest
+
+from .. import conf
+from ..chains import follow_ups
+from ..db import DbNow, alias, bound_cursor, cached_sql, caused_by_lost_connection, read_back
+from ..models import (
+    CANCEL,
+    CANCEL_HARD,
+    CANCELLED_CLASS,
+    DB_NOW,
+    INVALID_ROW_CLASS,
+    NO_CANCEL,
+    FailedJob,
+    Job,
+    JobBatch,
+    sql_names,
+)
+from ..signals import job_cancelled
+from ..validation import NULLABLE_BOUNDS, ROW_BOUNDS, row_error
+from .reactions import CANCELLED, FAILED, RELEASED, SUCCEEDED, members_ended, react, reacts
+
+logger = logging.getLogger("django_dbqueue")
+
+RECLAIMED_ERROR = (
+    "{name} (job {id}) was reserved {attempts} time(s) and its worker did not finish it "
+    "within retry_after ({retry_after} s): it was attempted too many times or ran too long. "
+    "If the job is slow, raise its timeout and retry_after; if its worker was killed, "
+    "look at the worker's logs."
+)
+
+# -- extend, delete, release, fail ----------------------------------------------------
+
+
+def extend(job: Job, *, worker_id: str) -> bool:
+    """Move the reservation of ``job`` to the database's now, if ``worker_id`` still holds it."""
+    return job.pk in extend_many([job], worker_id=worker_id)
+
+
+def extend_many(jobs: Sequence[Job], *, worker_id: str) -> set[int]:
+    """Move the reservations of ``jobs`` that ``worker_id`` still holds to the database's
+    now; return the ids of those it still held (the heartbeat, for every job it holds)."""
+    if not jobs:
+        return set()
+    held = Job.objects.get_queryset().held_by(jobs).filter(reserved_by=worker_id, reserved_at__isnull=False)
+    # The clock is read once and written as a value, like the claim: SQLite stores
+    # DbNow() as text with 3 decimals, which a reclaim's compare-and-set on
+    # reserved_at (6 decimals) would never match.
+    rows = list(held.order_by().only("pk").annotate(**DB_NOW))
+    if rows:
+        held.update(reserved_at=rows[0].db_now)
+    return {row.pk for row in rows}
+
+
+def delete(job: Job, *, follow_ups: Sequence[Job] = ()) -> bool:
+    """Delete a job that succeeded, if its reservation is still ``job``'s; ``follow_ups``
+    (a chain's next step, callbacks) are inserted in the same transaction."""
+    queryset = Job.objects.get_queryset().held(job)
+    if not follow_ups and not reacts(SUCCEEDED, [job]):
+        return bool(queryset.delete_now())
+    with transaction.atomic(using=queryset.db):
+        deleted = queryset.delete_now()
+        if deleted:
+            follow = list(follow_ups)
+            react(queryset.db, {SUCCEEDED: [job]}, follow)
+            if follow:
+                Job.objects.db_manager(queryset.db).bulk_enqueue(follow)
+    return bool(deleted)
+
+
+def delete_many(jobs: Sequence[Job]) -> set[int]:
+    """Delete jobs that succeeded, in one statement, where their reservation is still
+    theirs; return the ids deleted (the worker's batched counterpart of ``delete``)."""
+    if not jobs:
+        return set()
+    if not reacts(SUCCEEDED, jobs):
+        return _delete_many(jobs)
+    using = Job.objects.get_queryset().db
+    with transaction.atomic(using=using):
+        deleted = _delete_many(jobs)
+        react(using, {SUCCEEDED: [job for job in jobs if job.pk in deleted]})
+    return deleted
+
+
+def _delete_many(jobs: Sequence[Job]) -> set[int]:
+    """Fixed SQL: it runs once per batch on the worker's hot path. PostgreSQL returns
+    the ids deleted; elsewhere the row count tells when all were, else one more
+    query finds the rows still there (their reservation is another's now)."""
+    connection = connections[Job.objects.get_queryset().db]
+    table, pk, attempts = sql_names(connection, "id", "attempts")
+    ids = {job.pk for job in jobs}
+    with bound_cursor(connection) as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(delete_sql(connection), [[job.pk for job in jobs], [job.attempts for job in jobs]])
+            return {row[0] for row in cursor.fetchall()}
+        # ``id IN`` for the index, the pairs for the compare-and-set.
+        params: list[Any] = list(ids)
+        for job in jobs:
+            params += [job.pk, job.attempts]
+        cursor.execute(
+            f"DELETE FROM {table} WHERE {pk} IN ({', '.join(['%s'] * len(ids))}) "
+            f"AND ({' OR '.join([f'({pk} = %s AND {attempts} = %s)'] * len(jobs))})",
+            params,
+        )
+        if cursor.rowcount == len(ids):
+            return ids
+    return ids - set(Job.objects.get_queryset().filter(pk__in=ids).values_list("pk", flat=True))
+
+
+@cached_sql
+def delete_sql(connection: Any) -> str:
+    """PostgreSQL: delete the rows whose (id, attempts) are in two arrays, returning their ids."""
+    return delete_returning(connection)
+
+
+def delete_returning(connection: Any, *fields: str) -> str:
+    """``delete_sql``, returning ``fields`` besides the id."""
+    table, pk, attempts, *others = sql_names(connection, "id", "attempts", *fields)
+    extra = "".join(f", {table}.{column} AS {name}" for name, column in zip(fields, others, strict=True))
+    return (
+        f"DELETE FROM {table} USING unnest(%s::bigint[], %s::bigint[]) AS done (id, attempts) "
+        f"WHERE {table}.{pk} = done.id AND {table}.{attempts} = done.attempts RETURNING {table}.{pk} AS id{extra}"
+    )
+
+
+def release(job: Job, *, delay: float = 0, give_back: bool = False, exception: bool = False) -> bool:
+    """Put a reserved job back, available after ``delay`` seconds.
+
+    ``give_back``: the reservation does not spend one of the job's tries (it never
+    started, or the database connection broke under it). ``exception``: the
+    attempt ended in an exception (counted for ``max_exceptions``).
+    """
+    available_at = DbNow() + timedelta(seconds=delay) if delay > 0 else DbNow()
+    changes: dict[str, Any] = {"reserved_at": None, "reserved_by": "", "available_at": available_at}
+    if give_back:
+        changes["given_back"] = F("given_back") + 1
+    if exception:
+        changes["exceptions"] = F("exceptions") + 1
+    queryset = Job.objects.get_queryset().held(job)
+    with transaction.atomic(using=queryset.db) if reacts(RELEASED, [job]) else nullcontext():
+        released = bool(queryset.update(**changes))
+        if released:
+            react(queryset.db, {RELEASED: [job]})
+    if released and give_back:
+        job.given_back += 1
+    return released
+
+
+def fail(
+    job: Job, *, error: str, exception_class: str, reserved_at: Any = None, follow_ups: Sequence[Job] = ()
+) -> FailedJob | None:
+    """Move a job to ``FailedJob`` in one transaction, with ``follow_ups`` (a failure
+    callback); None if its reservation is no longer ``job``'s."""
+    queryset = Job.objects.get_queryset().held(job)
+    if reserved_at is not None:
+        queryset = queryset.filter(reserved_at=reserved_at)
+    with transaction.atomic(using=queryset.db):
+        if not queryset.delete_now():
+            return None
+        if follow_ups:
+            Job.objects.db_manager(queryset.db).bulk_enqueue(follow_ups)
+        failed = FailedJob.objects.using(queryset.db).create(
+            **_failed_values(job), exception_class=exception_class[:255], error=error, failed_at=DbNow()
+        )
+        read_back(failed, "failed_at")
+        react(queryset.db, {FAILED: [job]})
+        return failed
+
+
+# -- cancel ---------------------------------------------------------------------------
+
+
+def cancel(job_id: int, *, hard: bool = False, reason: str = "") -> str:
+    """Cancel a job: ``"cancelled"`` if nobody held it (it moved to ``FailedJob`` as
+    cancelled, a chain's remaining steps with it), ``"requested"`` if a worker holds it
+    (the worker stops it when it next checks, or with ``hard`` at once, as at a
+    timeout), ``"missing"`` if there is no such row."""
+    queryset = Job.objects.get_queryset()
+    level = CANCEL_HARD if hard else CANCEL
+    # Twice at most: a claim between the read and the write (SQLite takes no row
+    # lock) makes the compare-and-set miss, and the job is then a running one.
+    for _ in range(2):
+        with transaction.atomic(using=queryset.db):
+            job = queryset.filter(pk=job_id).select_for_update().first()
+            if job is None:
+                return "missing"
+            if job.reserved_at is None:
+                error = f"{job.name} (job {job.pk}) was cancelled before it ran{f': {reason}' if reason else '.'}"
+                failed = fail(job, error=error, exception_class=CANCELLED_CLASS)
+                if failed is not None:
+                    send = functools.partial(job_cancelled.send_robust, sender=Job, job_id=job.pk, failed_job=failed)
+                    transaction.on_commit(send, using=queryset.db, robust=True)
+                    return "cancelled"
+                continue
+            if queryset.held(job).filter(reserved_at__isnull=False).update(cancel=Greatest(F("cancel"), level)):
+                return "requested"
+    return "missing"
+
+
+def cancel_requests(jobs: Sequence[Job]) -> dict[int, int]:
+    """The cancel requests among these reservations: ``{id: CANCEL or CANCEL_HARD}``."""
+    if not jobs:
+        return {}
+    return dict(Job.objects.get_queryset().held_by(jobs).filter(cancel__gt=NO_CANCEL).values_list("pk", "cancel"))
+
+
+# -- reclaim, move aside --------------------------------------------------------------
+
+# The columns a reclaim reads of an expired reservation (the rest only for a row it fails).
+_LEASE_FIELDS = (
+    "id", "queue", "name", "attempts", "given_back", "max_tries", "retry_after", "reserved_at",
+    "reserved_by", "concurrency_key", "batch_id",
+)  # fmt: skip
+
+
+def reclaim_expired(*, default_tries: int | None = None, ids: Iterable[int] | None = None) -> int:
+    """Reclaim reservations older than their ``retry_after`` (only ``ids`` if given);
+    return how many. A job that used its tries moves to ``FailedJob``. Each row is
+    changed on its own: one the database refuses to change is moved aside."""
+    tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
+    expired = Job.objects.get_queryset().expired().order_by().only(*_LEASE_FIELDS).annotate(**DB_NOW)
+    if ids is not None:
+        expired = expired.filter(pk__in=list(ids))
+    reclaimed = 0
+    for job in expired:
+        assert job.reserved_at is not None
+        if job.tries_spent >= job.tries_allowed(tries_default):
+            error = RECLAIMED_ERROR.format(name=job.name, id=job.pk, attempts=job.attempts, retry_after=job.retry_after)
+            outcome = "failed"
+            done = _per_row(job, functools.partial(_fail_lost, job, error, "MaxAttemptsExceeded"))
+        else:
+            outcome = "waiting"
+            done = _per_row(job, functools.partial(_reclaim_one, job))
+        if done:
+            reclaimed += 1
+            logger.warning(
+                "reclaimed job=%s id=%s attempt=%s reserved_by=%s outcome=%s",
+                job.name, job.pk, job.attempts, job.reserved_by or "-", outcome,
+            )  # fmt: skip
+    return reclaimed
+
+
+def reclaim_worker(worker_id: str, *, error_for: Callable[[float], str], default_tries: int | None = None) -> int:
+    """Release or fail every job a dead worker held, without waiting for retry_after.
+
+    ``error_for(seconds_held)`` gives the error stored for a job that used its tries.
+    """
+    count = 0
+    tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
+    held = Job.objects.get_queryset().filter(reserved_by=worker_id, reserved_at__isnull=False)
+    for job in held.order_by().only(*_LEASE_FIELDS).annotate(**DB_NOW):
+        assert job.reserved_at is not None
+        if job.tries_spent >= job.tries_allowed(tries_default):
+            error = error_for((job.db_now - job.reserved_at).total_seconds())
+            done = _per_row(job, functools.partial(_fail_lost, job, error, "WorkerLost"))
+        else:
+            done = _per_row(job, functools.partial(release, job))
+        count += done
+    return count
+
+
+def _reclaim_one(job: Job) -> bool:
+    """Put back one expired reservation, if it is still the one read."""
+    queryset = Job.objects.get_queryset().held(job).filter(reserved_at=job.reserved_at)
+    with transaction.atomic(using=queryset.db):
+        done = bool(queryset.update(reserved_at=None, reserved_by=""))
+        if done:
+            react(queryset.db, {RELEASED: [job]})
+    return done
+
+
+def _fail_lost(job: Job, error: str, exception: str) -> bool:
+    """Fail a reservation that was lost (expired, or its worker died) on its last try."""
+    full = Job.objects.get_queryset().held(job).filter(reserved_at=job.reserved_at).first()
+    if full is None:
+        return False
+    failed = fail(
+        full,
+        error=error,
+        exception_class=f"django_dbqueue.exceptions.{exception}",
+        reserved_at=job.reserved_at,
+        follow_ups=follow_ups(full, succeeded=False),
+    )
+    return failed is not None
+
+
+def _per_row(job: Job, change: Callable[[], bool]) -> bool:
+    """Run ``change`` (of one row, in a loop over rows) under a savepoint; if the
+    database refuses it, move the row aside instead, so one bad row never stops the
+    loop. A lost connection still ends the loop."""
+    using = Job.objects.get_queryset().db
+    try:
+        with transaction.atomic(using=using):
+            return change()
+    except DatabaseError as exc:
+        if caused_by_lost_connection(exc, using):
+            raise
+        return move_aside(job, reason=f"the database refused a change of its row ({type(exc).__name__})")
+
+
+def move_aside(job: Job, *, reason: str, using: str | None = None) -> bool:
+    """Move a row the worker cannot act on to ``FailedJob`` unrun, with ``reason`` in
+    its error, whoever holds it; return whether it moved.
+
+    For a row written past the table's checks (by hand, ``update()``, raw SQL) or
+    one whose value the claim cannot read: its values are brought within bounds.
+    """
+    queryset = Job.objects.db_manager(using).get_queryset()
+    full = queryset.filter(pk=job.pk).first()
+    if full is None:
+        return False
+    error = (
+        f"{full.name} (job {full.pk}) was moved aside unrun: {reason}. "
+        "Fix the row's values (or the code that wrote them) and retry it."
+    )
+    with transaction.atomic(using=queryset.db):
+        if not queryset.held(full).delete_now():
+            return False
+        failed = FailedJob.objects.using(queryset.db).create(
+            **_failed_values(full), exception_class=INVALID_ROW_CLASS, error=error, failed_at=DbNow()
+        )
+    logger.error(
+        "job moved aside job=%s id=%s queue=%s failed_id=%s reason=%s",
+        full.name, full.pk, full.queue, failed.pk, reason,
+    )  # fmt: skip
+    return True
+
+
+def _failed_values(job: Job) -> dict[str, Any]:
+    """The ``FailedJob`` columns of ``job``, each brought within the job table's bounds
+    (a row written past them must still move to ``FailedJob``, whose checks refuse less)."""
+    values = {
+        "job_id": job.pk, "batch_id": job.batch_id, "queue": job.queue, "name": job.name,
+        "payload": job.payload, "created_at": job.created_at, "priority": job.priority,
+        "max_tries": job.max_tries, "retry_after": job.retry_after, "timeout": job.timeout,
+        "attempts": job.attempts,
+    }  # fmt: skip
+    if row_error(values) is None:
+        return values
+    for column, (low, high) in ROW_BOUNDS.items():
+        value = values.get(column)
+        if column not in values or (value is None and column in NULLABLE_BOUNDS):
+            continue
+        value = value if isinstance(value, int) else low
+        values[column] = max(low, value) if high is None else min(high, max(low, value))
+    return values
+
+
+# -- operators' changes of rows nobody holds --------------------------------------------
+
+
+def delete_unreserved(ids: Sequence[int]) -> list[Job]:
+    """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted."""
+    with transaction.atomic(using=alias()):
+        # The row locks (PostgreSQL, MariaDB) keep a worker from claiming the rows
+        # before the DELETE; the DELETE's own condition protects a reserved job
+        # everywhere, SQLite included.
+        rows = list(
+            Job.objects.filter(pk__in=ids, reserved_at__isnull=True)
+            .select_for_update()
+            .only("id", "name", "batch_id")
+            .order_by()
+        )
+        if not rows:
+            return []
+        unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)
+        if unreserved.delete_now() != len(rows):
+            kept = set(Job.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
+            rows = [row for row in rows if row.pk not in kept]
+        react(alias(), {CANCELLED: rows})
+    return rows
+
+
+def delete_waiting(queue: str, last_id: int) -> int:
+    """Delete the jobs of ``queue`` up to id ``last_id`` that nobody holds; return how many."""
+    jobs = Job.objects.filter(queue=queue, reserved_at__isnull=True, id__lte=last_id)
+    # Locked: if a delete signal receiver makes Django select the rows before it
+    # deletes them by id, no worker can reserve one in between.
+    with transaction.atomic(using=alias()):
+        members = list(jobs.filter(batch_id__isnull=False).select_for_update().only("id", "batch_id").order_by())
+        deleted, _ = jobs.select_for_update().delete()
+        if members:
+            # Counted if gone: on SQLite (no row locks) a worker may have claimed one since the read.
+            ids = [row.pk for row in members]
+            kept = {
+                pk
+                for start in range(0, len(ids), 900)
+                for pk in Job.objects.filter(pk__in=ids[start : start + 900]).values_list("pk", flat=True)
+            }
+            react(alias(), {CANCELLED: [row for row in members if row.pk not in kept]})
+    return deleted
+
+
+def run_now(jobs: QuerySet[Job]) -> int:
+    """Make the unreserved jobs among ``jobs`` available at once; return how many."""
+    return jobs.filter(reserved_at__isnull=True).update(available_at=DbNow())
+
+
+def skip_member(job: Job) -> bool:
+    """End a claimed member of a cancelled batch without running it: delete its row
+    (if its reservation is still ``job``'s) and count it cancelled, in one transaction."""
+    using = alias()
+    with transaction.atomic(using=using):
+        if not Job.objects.get_queryset().held(job).delete_now():
+            return False
+        react(using, {CANCELLED: [job]})
+    return True
+
+
+def cancel_batch(batch_id: int) -> int | None:
+    """Mark a batch cancelled and delete its members nobody holds (counted ``cancelled``);
+    return how many, or None if it was cancelled or finished already."""
+    using = alias()
+    with transaction.atomic(using=using):
+        # The batch row first: an ``add`` waits for this transaction, and then sees the cancel.
+        if not JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=True, finished_at__isnull=True).update(
+            cancelled_at=DbNow()
+        ):
+            return None
+        # Rows a worker holds are left to it; a claim that commits meanwhile wins over the DELETE.
+        deleted = Job.objects.get_queryset().filter(batch_id=batch_id, reserved_at__isnull=True).delete_now()
+        members_ended(using, cancelled=Counter({batch_id: deleted}) if deleted else Counter(), touched={batch_id})
+    return deleted

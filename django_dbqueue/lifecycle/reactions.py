@@ -1,0 +1,251 @@
+"""What features do when job rows end: the one subscription point of the lifecycle.
+
+``REACTIONS`` pairs a job column with a function run in the transaction that
+ended (or brought back) rows carrying that column, after the change: a
+reservation of a concurrency key ended (unblock the rows waiting for its
+slots), a batch member ended or came back (move its batch's counters, enqueue
+the callbacks that fire). A change of rows that carry none of the columns
+pays nothing more than the change itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, F, Window
+from django.db.models.functions import RowNumber
+
+from ..chains import build_row
+from ..concurrency import limit_key
+from ..db import DbNow, alias, error_text
+from ..models import FlowLimit, Job, JobBatch
+from ..signals import batch_finished
+
+logger = logging.getLogger("django_dbqueue")
+
+
+# How rows ended, as the reactions are told.
+SUCCEEDED, FAILED, RELEASED, CANCELLED, RETRIED_BACK, LEFT = (
+    "succeeded", "failed", "released", "cancelled", "retried", "left",
+)  # fmt: skip
+
+
+# -- the one subscription point -----------------------------------------------------
+
+Reaction = Callable[[str, Mapping[str, Sequence[Any]], list[Job]], None]
+
+
+def _free_slots(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) -> None:
+    """Reservations of concurrency keys ended: unblock the rows waiting for their slots."""
+    unblock(using, [row.concurrency_key for rows in ended.values() for row in rows])
+
+
+def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) -> None:
+    """Batch members ended (or came back): move their batches' counters.
+
+    A member whose chain goes on (its next step, in ``follow``, is in its batch)
+    has not ended, unless its batch was cancelled: then it counts as cancelled
+    and the next step is dropped from ``follow``.
+    """
+    counts = {kind: count_members(rows) for kind, rows in ended.items()}
+    going_on = {row.batch_id for row in follow if row.batch_id} & set(counts.get(SUCCEEDED, ()))
+    if going_on:
+        stopped = set(
+            JobBatch.objects.using(using)
+            .select_for_update()
+            .filter(pk__in=going_on, cancelled_at__isnull=False)
+            .values_list("pk", flat=True)
+        )
+        counts[CANCELLED] = counts.get(CANCELLED, Counter()) + Counter(
+            {pk: n for pk, n in counts[SUCCEEDED].items() if pk in stopped}
+        )
+        counts[SUCCEEDED] = Counter({pk: n for pk, n in counts[SUCCEEDED].items() if pk not in going_on})
+        follow[:] = [row for row in follow if row.batch_id not in stopped]
+    if any(counts.values()):
+        members_ended(using, **counts)
+
+
+# Each feature: the column its rows carry, the outcomes it reacts to, and its
+# reaction, run in this order after the rows changed, in the transaction that
+# changed them. A reservation holds a slot (so a release frees it), a batch
+# member stays pending while released.
+REACTIONS: tuple[tuple[str, frozenset[str], Reaction], ...] = (
+    ("concurrency_key", frozenset({SUCCEEDED, FAILED, RELEASED}), _free_slots),
+    ("batch_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK, LEFT}), _count_members),
+)
+
+
+def reacts(outcome: str, rows: Iterable[Any]) -> bool:
+    """Whether rows that end with ``outcome`` concern any reaction (and so need a transaction).
+
+    A column not loaded (a deferred field) counts as unused: reading it would
+    query a row that may be gone.
+    """
+    return any(vars(row).get(column) for column, outcomes, _ in REACTIONS if outcome in outcomes for row in rows)
+
+
+def react(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job] | None = None) -> None:
+    """Run the reactions that ``ended`` (rows by outcome) concerns."""
+    for column, outcomes, reaction in REACTIONS:
+        concerned = {
+            kind: chosen
+            for kind, rows in ended.items()
+            if kind in outcomes and (chosen := [row for row in rows if vars(row).get(column)])
+        }
+        if concerned:
+            reaction(using, concerned, follow if follow is not None else [])
+
+
+# -- concurrency: free slots -------------------------------------------------------------
+
+
+def running(using: str, keys: Sequence[str]) -> dict[str, int]:
+    """The reserved rows of each concurrency key among ``keys``."""
+    rows = (
+        Job.objects.using(using)
+        .filter(concurrency_key__in=keys, reserved_at__isnull=False)
+        .order_by()
+        .values_list("concurrency_key")
+        .annotate(n=Count("id"))
+    )
+    return dict(rows)
+
+
+def unblock(using: str, keys: Iterable[str | None]) -> int:
+    """Unblock as many rows of each key as it has free slots; return how many.
+
+    Called in the transaction that ends reservations of these keys, after the
+    change: the lock on each key's row makes it wait for a claim that is
+    blocking the key's rows, so the rows that claim blocks are seen here.
+    """
+    named = sorted({key for key in keys if key})
+    if not named:
+        return 0
+    with transaction.atomic(using=using):
+        FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in named])
+        held = running(using, named)
+        blocked = Job.objects.using(using).filter(concurrency_key__in=named, blocked=True)
+        limits = dict(blocked.order_by().values_list("concurrency_key", "concurrency_limit").distinct())
+        free = {key: (limit or 1) - held.get(key, 0) for key, limit in limits.items() if key}
+        free = {key: count for key, count in free.items() if count > 0}
+        if not free:
+            return 0
+        # The first rows of each key with room, in claim order: ranked per key.
+        order = [F("priority").desc(), F("available_at").asc(), F("id").asc()]
+        ranked = (
+            blocked.filter(concurrency_key__in=list(free))
+            .annotate(rank=Window(RowNumber(), partition_by=F("concurrency_key"), order_by=order))
+            .filter(rank__lte=max(free.values()))
+            .values_list("pk", "concurrency_key", "rank")
+        )
+        ids = [pk for pk, key, rank in ranked if key and rank <= free[key]]
+        return Job.objects.using(using).filter(pk__in=ids, blocked=True).update(blocked=False)
+
+
+def sweep(using: str) -> int:
+    """Unblock the rows of every blocked key that has free slots (idle workers, now and then,
+    in case a limit was raised in code)."""
+    blocked = Job.objects.using(using).filter(concurrency_key__isnull=False, blocked=True).order_by()
+    return unblock(using, blocked.values_list("concurrency_key", flat=True).distinct())
+
+
+# -- batches: counters and callbacks ---------------------------------------------------
+
+# The callback kinds, in the order they are enqueued when several fire at once.
+CALLBACKS = ("on_failure", "then", "on_finish")
+
+
+def count_members(jobs: Iterable[Any]) -> Counter[int]:
+    """``{batch_id: count}`` of the members among ``jobs`` (rows with ``batch_id``)."""
+    return Counter(job.batch_id for job in jobs if job.batch_id)
+
+
+def members_ended(
+    using: str,
+    *,
+    succeeded: Counter[int] | None = None,
+    failed: Counter[int] | None = None,
+    cancelled: Counter[int] | None = None,
+    retried: Counter[int] | None = None,
+    left: Counter[int] | None = None,
+    touched: Iterable[int] = (),
+) -> None:
+    """Move the counters of the batches whose members just ended (or came back,
+    ``retried``; or failed members of a cancelled batch retried outside it, ``left``):
+    ``{batch_id: count}`` each, in the transaction that changed the member rows,
+    after it changed them (rows, then batch: the order every path takes). The
+    callbacks that fire are enqueued in the same transaction.
+    """
+    succeeded, failed = succeeded or Counter(), failed or Counter()
+    cancelled, retried, left = cancelled or Counter(), retried or Counter(), left or Counter()
+    for batch_id in sorted({*succeeded, *failed, *cancelled, *retried, *left, *touched}):
+        # In id order: two transactions lock batch rows in the same order.
+        ended = succeeded[batch_id] + failed[batch_id] + cancelled[batch_id]
+        back = retried[batch_id]
+        changes: dict[str, Any] = {}
+        if ended or back:
+            changes["pending"] = F("pending") + (back - ended)
+        if failed[batch_id] or back or left[batch_id]:
+            changes["failed"] = F("failed") + (failed[batch_id] - back - left[batch_id])
+        if cancelled[batch_id] or left[batch_id]:
+            changes["cancelled"] = F("cancelled") + cancelled[batch_id] + left[batch_id]
+        if back:
+            changes["finished_at"] = None
+        if changes and not JobBatch.objects.using(using).filter(pk=batch_id).update(**changes):
+            logger.warning("batch id=%s is gone (pruned?): its member outcomes are not counted", batch_id)
+            continue
+        row = JobBatch.objects.using(using).filter(pk=batch_id).first()
+        if row is None:
+            continue
+        fire: list[str] = []
+        if failed[batch_id] and row.failed == failed[batch_id]:
+            fire.append("on_failure")  # the batch's first failure (since the last retry of all its failed)
+        if row.pending == 0 and row.finished_at is None and (ended or batch_id in touched):
+            fire += finish_batch(row, cancelled=row.cancelled_at is not None, enqueue=False)
+        _enqueue_callbacks(using, row, fire)
+
+
+def finished_by_members(using: str, batch_ids: Iterable[int]) -> None:
+    """In the transaction whose statement took these batches' ``pending`` to 0
+    (``claims.finish_and_reserve``): finish them, enqueueing their callbacks."""
+    for row in JobBatch.objects.using(using).filter(pk__in=sorted(batch_ids), finished_at__isnull=True):
+        finish_batch(row, cancelled=row.cancelled_at is not None)
+
+
+def finish_batch(row: JobBatch, *, cancelled: bool, enqueue: bool = True) -> list[str]:
+    """Mark ``row`` finished (in the caller's transaction); return the callbacks that fire (and enqueue them)."""
+    using = row._state.db or alias()
+    JobBatch.objects.using(using).filter(pk=row.pk).update(finished_at=DbNow())
+    fire = ["on_finish"]
+    if not cancelled and (row.failed == 0 or row.allow_failures):
+        fire.insert(0, "then")
+    logger.info(
+        "batch finished id=%s name=%s total=%s failed=%s cancelled=%s",
+        row.pk, row.name or "-", row.total, row.failed, row.cancelled,
+    )  # fmt: skip
+    send = functools.partial(batch_finished.send_robust, sender=JobBatch, batch_id=row.pk)
+    transaction.on_commit(send, using=using, robust=True)
+    if enqueue:
+        _enqueue_callbacks(using, row, fire)
+    return fire
+
+
+def _enqueue_callbacks(using: str, row: JobBatch, kinds: Sequence[str]) -> None:
+    if not kinds or not row.callbacks:
+        return
+    try:
+        steps = json.loads(row.callbacks)
+    except ValueError as exc:
+        logger.error("batch id=%s has unreadable callbacks, none enqueued: %s", row.pk, error_text(exc))
+        return
+    fired = [kind for kind in CALLBACKS if kind in kinds]
+    rows = [build_row(step, check=False, batch_of=row.pk) for kind in fired for step in steps.get(kind) or []]
+    if rows:
+        Job.objects.db_manager(using).bulk_enqueue(rows)
+        logger.info("batch id=%s callbacks enqueued: %s", row.pk, ", ".join(fired))

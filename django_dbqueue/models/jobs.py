@@ -1,0 +1,401 @@
+"""The queue's tables, their named querysets and the one vocabulary of a job's state.
+
+No state change lives here: a job's life after its claim is ``lifecycle``, the
+claim is ``claims``. ``Job.objects.bulk_enqueue`` inserts rows built by hand,
+checked against the table's bounds first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import F, Func, Q
+
+from ..db import DbNow, alias
+from ..validation import MAX_PRIORITY, MIN_PRIORITY, ROW_BOUNDS, row_error
+
+logger = logging.getLogger("django_dbqueue")
+
+# Rows inserted at once after which PostgreSQL re-analyzes the job table.
+ANALYZE_AFTER = 1000
+# Annotation that reads the database's clock into ``db_now`` (a dict, so the type
+# checker keeps the attribute declared on the model).
+DB_NOW = {"db_now": DbNow()}
+# The unique index of ``Job.unique_key`` (migration 0008).
+UNIQUE_INDEX = "dbqueue_job_unique"
+# Values of ``Job.cancel``.
+NO_CANCEL, CANCEL, CANCEL_HARD = 0, 1, 2
+CANCELLED_CLASS = "django_dbqueue.exceptions.JobCancelled"
+INVALID_ROW_CLASS = "django_dbqueue.exceptions.InvalidJobRow"
+
+
+class State(models.TextChoices):
+    """Where a job row is. A job that ended has no row: it succeeded (deleted) or is a ``FailedJob``."""
+
+    WAITING = "waiting", "waiting"
+    DELAYED = "delayed", "delayed"
+    BLOCKED = "blocked", "blocked"  # waiting for a free slot of its concurrency key
+    RESERVED = "reserved", "reserved"
+    EXPIRED = "expired", "reservation expired"  # reserved past its retry_after: to be reclaimed
+
+
+class LeaseOver(Func):
+    """True where a reservation is older than its ``retry_after``, by the database's clock.
+
+    Compared in SQL, so finding the expired reservations reads no row that has not expired.
+    """
+
+    conditional = True
+    output_field = models.BooleanField()
+
+    def __init__(self) -> None:
+        super().__init__(F("reserved_at"), F("retry_after"))
+
+    def _columns(self, compiler: Any, connection: Any) -> tuple[str, str, list[Any]]:
+        at, at_params = compiler.compile(self.source_expressions[0])
+        after, after_params = compiler.compile(self.source_expressions[1])
+        return at, after, [*at_params, *after_params]
+
+    def as_sql(self, compiler: Any, connection: Any, *args: Any, **extra_context: Any) -> Any:  # SQLite
+        at, after, params = self._columns(compiler, connection)
+        return f"(julianday({at}) + {after} / 86400.0 <= julianday('now'))", params
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        at, after, params = self._columns(compiler, connection)
+        return f"({at} + {after} * interval '1 second' <= STATEMENT_TIMESTAMP())", params
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        at, after, params = self._columns(compiler, connection)
+        return f"(TIMESTAMPADD(SECOND, {after}, {at}) <= UTC_TIMESTAMP(6))", params
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def waiting(self) -> JobQuerySet:
+        """Jobs a worker may reserve now (unless their queue is paused)."""
+        return self.filter(reserved_at__isnull=True, blocked=False, available_at__lte=DbNow())
+
+    def blocked(self) -> JobQuerySet:
+        """Jobs waiting for a free slot of their concurrency key."""
+        return self.filter(reserved_at__isnull=True, blocked=True)
+
+    def delayed(self) -> JobQuerySet:
+        """Jobs that become available later (a delay, a backoff, a rate limit)."""
+        return self.filter(reserved_at__isnull=True, blocked=False, available_at__gt=DbNow())
+
+    def reserved(self) -> JobQuerySet:
+        """Jobs a worker holds, their reservation expired or not."""
+        return self.filter(reserved_at__isnull=False)
+
+    def expired(self) -> JobQuerySet:
+        """Reserved jobs whose reservation is older than their ``retry_after`` (to be reclaimed)."""
+        return self.filter(LeaseOver(), reserved_at__isnull=False)
+
+    def in_state(self, state: str) -> JobQuerySet:
+        """The jobs in ``state`` (a ``State``); ``RESERVED`` leaves the expired reservations out."""
+        if state == State.RESERVED:
+            return self.reserved().alias(lease_over=LeaseOver()).filter(lease_over=False)
+        return {
+            State.WAITING: self.waiting,
+            State.DELAYED: self.delayed,
+            State.BLOCKED: self.blocked,
+            State.EXPIRED: self.expired,
+        }[State(state)]()
+
+    def held(self, job: Job) -> JobQuerySet:
+        """The row of ``job`` if nobody reserved it since ``job`` was read."""
+        return self.filter(pk=job.pk, attempts=job.attempts)
+
+    def held_by(self, jobs: Iterable[Job]) -> JobQuerySet:
+        """The rows that still carry these jobs' reservations: ``(id, attempts)`` unchanged."""
+        condition = Q()
+        for job in jobs:
+            condition |= Q(pk=job.pk, attempts=job.attempts)
+        return self.filter(condition)
+
+    def delete_now(self) -> int:
+        """Delete the matching rows in one DELETE statement; return how many.
+
+        ``QuerySet.delete()`` first SELECTs the rows and deletes them by id when
+        any delete signal receiver is connected, which would drop the
+        ``attempts`` condition of a compare-and-set.
+        """
+        # None when the filter can match nothing (``pk__in=[]``): no statement is sent.
+        return int(self._raw_delete(self.db) or 0)
+
+
+class JobManager(models.Manager["Job"]):
+    def get_queryset(self) -> JobQuerySet:
+        return JobQuerySet(self.model, using=self._db or alias())
+
+    def waiting(self) -> JobQuerySet:
+        return self.get_queryset().waiting()
+
+    def delayed(self) -> JobQuerySet:
+        return self.get_queryset().delayed()
+
+    def blocked(self) -> JobQuerySet:
+        return self.get_queryset().blocked()
+
+    def reserved(self) -> JobQuerySet:
+        return self.get_queryset().reserved()
+
+    def expired(self) -> list[Job]:
+        """The expired reservations, as a list (``get_queryset().expired()`` is the queryset)."""
+        return list(self.get_queryset().expired())
+
+    def bulk_enqueue(self, jobs: Iterable[Job], *, batch_size: int = 1000) -> list[Job]:
+        """Insert many jobs, one statement per ``batch_size`` rows; a row whose unique
+        key another job holds is left out (see ``insert_each``).
+
+        On PostgreSQL a large insert is followed by ANALYZE (``analyze_if_large``).
+        """
+        rows = list(jobs)
+        check_rows(rows)
+        if any(row.unique_key for row in rows):
+            return [row for row in self.insert_each(rows) if row is not None]
+        queryset = self.get_queryset()
+        rows = queryset.bulk_create(rows, batch_size=batch_size)
+        analyze_if_large(queryset.db, len(rows))
+        return rows
+
+    def insert_each(self, rows: Sequence[Job]) -> list[Job | None]:
+        """Insert ``rows`` one by one in one transaction; a row whose unique key
+        another job holds is left out (None in its place) and logged.
+
+        For rows built from stored steps (a chain's next step, a callback, a retry
+        from FailedJob): such a duplicate is dropped, as a duplicate enqueue is,
+        under a savepoint of its own, and never fails the transaction that carries it.
+        """
+        using = self.get_queryset().db
+        check_rows(rows)
+        inserted: list[Job | None] = []
+        with transaction.atomic(using=using):
+            for row in rows:
+                try:
+                    with transaction.atomic(using=using) if row.unique_key else nullcontext():
+                        row.save(force_insert=True, using=using)
+                except IntegrityError as exc:
+                    if not row.unique_key or not holds_unique_key(exc, connections[using]):
+                        raise
+                    holder = self.get_queryset().filter(unique_key=row.unique_key).values_list("pk", flat=True).first()
+                    logger.info("job=%s not enqueued: job %s holds its unique key %r", row.name, holder, row.unique_key)
+                    row.pk = None
+                    inserted.append(None)
+                    continue
+                inserted.append(row)
+        return inserted
+
+
+def check_rows(rows: Iterable[Job]) -> None:
+    """Raise ValueError naming the first row that holds a value out of the table's bounds."""
+    for row in rows:
+        error = row_error(row.__dict__)
+        if error is not None:
+            raise ValueError(f"Cannot enqueue {row.name}: {error}")
+
+
+def holds_unique_key(exc: IntegrityError, connection: Any) -> bool:
+    """Tell whether ``exc`` is a conflict on the unique index of ``Job.unique_key``, and no other."""
+    cause = exc.__cause__
+    if connection.vendor == "postgresql":
+        return getattr(getattr(cause, "diag", None), "constraint_name", None) == UNIQUE_INDEX
+    if connection.vendor == "mysql":
+        # (1062, "Duplicate entry '...' for key 'dbqueue_job_unique'"); MySQL 8: 'dbqueue_job.dbqueue_job_unique'.
+        args = cause.args if cause is not None else ()
+        if len(args) < 2 or args[0] != 1062:
+            return False
+        return str(args[1]).rstrip().endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
+    if connection.vendor == "sqlite":
+        column = Job._meta.get_field("unique_key").column
+        return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{column}"
+    return False
+
+
+def analyze_if_large(using: str, count: int) -> None:
+    """On PostgreSQL, refresh the job table's statistics after inserting ``count`` rows, if many:
+    planned with the statistics of a nearly empty table, the claim would sort the
+    whole queue instead of reading its index in order."""
+    connection = connections[using]
+    if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
+
+
+def sql_names(connection: Any, *fields: str) -> list[str]:
+    """The job table's quoted name, then the quoted columns of ``fields``: identifiers
+    for fixed SQL come from the model's meta, never from input."""
+    meta = Job._meta
+    qn = connection.ops.quote_name
+    columns = {field.name: str(field.column) for field in meta.concrete_fields}
+    return [str(qn(meta.db_table)), *(str(qn(columns[name])) for name in fields)]
+
+
+NOT_NEGATIVE = [MinValueValidator(0)]
+
+
+def bounds_condition() -> Q:
+    """The job table's CHECK condition: every column of ``ROW_BOUNDS`` within its bounds.
+
+    A NULL passes a CHECK, so the nullable columns need no ``IS NULL OR``: each
+    node costs PostgreSQL work in every statement that writes a row.
+    """
+    condition = Q()
+    for column, (low, high) in ROW_BOUNDS.items():
+        condition &= Q(**{f"{column}__gte": low}) if high is None else Q(**{f"{column}__range": (low, high)})
+    return condition
+
+
+class Job(models.Model):
+    """A job waiting, delayed, blocked or reserved. A job that succeeded is deleted."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=100, default="default")
+    name = models.CharField(max_length=200, help_text="Registered name of the job definition.")
+    payload = models.TextField(help_text="JSON envelope: arguments and options.")
+    # Higher runs first within a queue (Django's Tasks: -100..100). The bounds of the
+    # numbered columns are the table's one CHECK (Meta.constraints), checked first
+    # where rows are built (validation.row_error); the validators say it to forms.
+    priority = models.SmallIntegerField(
+        default=0, validators=[MinValueValidator(MIN_PRIORITY), MaxValueValidator(MAX_PRIORITY)]
+    )
+    # Reservations so far; bumped by every reserve and never reset: with the id, it
+    # names a reservation (every state change is a compare-and-set on both).
+    attempts = models.IntegerField(default=0, validators=NOT_NEGATIVE)
+    # Reservations given back without spending a try (never started, or ended by a
+    # lost database connection). The tries checks count ``attempts - given_back``.
+    given_back = models.IntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
+    # NO_CANCEL, CANCEL (the job stops when it next checks) or CANCEL_HARD (stopped
+    # as at a timeout): a request to a worker that holds the job (lifecycle.cancel).
+    cancel = models.SmallIntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
+    # Attempts that ended in an exception and were released (for ``max_exceptions``).
+    exceptions = models.IntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
+    # None: the worker's --tries (or DBQUEUE["TRIES"]) applies.
+    max_tries = models.SmallIntegerField(null=True, blank=True, validators=NOT_NEGATIVE)
+    # Stored per row so any worker can tell when a reservation has expired.
+    retry_after = models.IntegerField(validators=NOT_NEGATIVE)
+    # Seconds one run may take; None: the worker's --timeout applies.
+    timeout = models.IntegerField(null=True, blank=True, validators=NOT_NEGATIVE)
+    available_at = models.DateTimeField()
+    reserved_at = models.DateTimeField(null=True, blank=True)
+    # The worker process holding the reservation (a supervisor reclaims a dead child's jobs).
+    reserved_by = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField()
+    # Flow control (docs/flow.md): NULL, not "", when unused, so unique and partial
+    # indexes leave the row out. No two rows hold one unique_key (unique.py).
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    unique_until_start = models.BooleanField(default=False, db_default=False)
+    # At most concurrency_limit reserved rows share a concurrency_key; ``blocked``:
+    # waiting for a slot, skipped by claims until a reservation of the key ends.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    concurrency_limit = models.SmallIntegerField(null=True, blank=True, validators=NOT_NEGATIVE)
+    blocked = models.BooleanField(default=False, db_default=False)
+    # The rate bucket its starts spend, and its limit as "count/seconds/burst" (rates.py).
+    rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    rate_limit = models.CharField(max_length=50, null=True, blank=True)  # noqa: DJ001
+    # The batch this row is a member of: its outcome moves the batch's counters.
+    batch_id = models.BigIntegerField(null=True, blank=True)
+
+    objects = JobManager()
+
+    # The database's clock, on rows read by queries that annotate it.
+    db_now: datetime
+
+    class Meta:
+        db_table = "dbqueue_job"
+        ordering = ["-priority", "available_at", "id"]
+        # The indexes are made by the migrations, per database: the claim reads
+        # dbqueue_job_claim (queue, priority DESC, available_at, id), partial on
+        # PostgreSQL (dbqueue_job_waiting: reserved_at IS NULL AND NOT blocked);
+        # dbqueue_job_reserved (reserved_at) serves the reclaim.
+        permissions = [("cancel_job", "Can cancel jobs, waiting or running")]
+        # One CHECK for the bounds the worker relies on (migration 0014): PostgreSQL
+        # compiles it in each statement that writes a row, at a cost per term.
+        constraints = [models.CheckConstraint(condition=bounds_condition(), name="dbqueue_job_bounds")]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk}"
+
+    def tries_allowed(self, default: int) -> int:
+        return self.max_tries if self.max_tries is not None else default
+
+    @property
+    def tries_spent(self) -> int:
+        """Reservations that count against the job's tries."""
+        return self.attempts - self.given_back
+
+    def state(self, now: datetime | None) -> State:
+        """The row's ``State`` at the database time ``now`` (None: delays and leases are not judged)."""
+        if self.reserved_at is not None:
+            expired = now is not None and self.reserved_at + timedelta(seconds=self.retry_after) <= now
+            return State.EXPIRED if expired else State.RESERVED
+        if self.blocked:
+            return State.BLOCKED
+        return State.DELAYED if now is not None and self.available_at > now else State.WAITING
+
+
+# Result store records of ``@job`` jobs (``TaskResultRecord``): their key, their
+# ``backend`` (tasks name theirs), and the status of a job retried from FailedJob,
+# whose ``job_id`` names the new run.
+JOB_RECORDS = ""
+RETRIED = "retried"
+
+
+def record_id(job_id: int) -> str:
+    """The result store's key for a ``@job`` job."""
+    return f"job:{job_id}"
+
+
+class FailedJobQuerySet(models.QuerySet["FailedJob"]):
+    pass
+
+
+class FailedJobManager(models.Manager["FailedJob"]):
+    def get_queryset(self) -> FailedJobQuerySet:
+        return FailedJobQuerySet(self.model, using=self._db or alias())
+
+
+class FailedJob(models.Model):
+    """A job that used its tries or could not run: the dead-letter table."""
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.BigIntegerField(help_text="Id the job had while it was queued.")
+    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    payload = models.TextField(help_text="The whole envelope, as it was queued.")
+    # The job's options, so a retry queues it exactly as it was.
+    priority = models.SmallIntegerField(default=0)
+    max_tries = models.PositiveSmallIntegerField(null=True, blank=True)
+    retry_after = models.PositiveIntegerField(default=60)
+    timeout = models.PositiveIntegerField(null=True, blank=True)
+    attempts = models.PositiveIntegerField()
+    exception_class = models.CharField(max_length=255)
+    error = models.TextField(help_text="The full traceback, or why the job could not run.")
+    created_at = models.DateTimeField(help_text="When the job was first enqueued.")
+    failed_at = models.DateTimeField()
+    # The batch the job was a member of; a retry puts it back into that batch.
+    batch_id = models.BigIntegerField(null=True, blank=True)
+
+    objects = FailedJobManager()
+
+    class Meta:
+        db_table = "dbqueue_failed_job"
+        ordering = ["-failed_at", "-id"]
+        indexes = [
+            models.Index(fields=["failed_at"], name="dbqueue_failed_at"),
+            models.Index(fields=["batch_id"], name="dbqueue_failed_batch"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (failed #{self.pk})"
+
+    @property
+    def error_summary(self) -> str:
+        """The last non-empty line of the error: the exception and its message."""
+        lines = [line for line in self.error.strip().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""

@@ -1,0 +1,427 @@
+"""The queue's other tables: progress, workers, result records, schedules, flow limits,
+unique windows, paused queues, batches and history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, models, transaction
+from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Substr
+
+from ..db import alias
+from .jobs import DB_NOW, Job
+
+
+class QueueDatabaseManager(models.Manager[Any]):
+    """Reads and writes the database that holds the queue."""
+
+    def get_queryset(self) -> models.QuerySet[Any]:
+        return super().get_queryset().using(self._db or alias())
+
+
+class JobProgress(models.Model):
+    """Progress of one job (key = its id) or chain (key = ``chain:<id>``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=100, unique=True)
+    percent = models.FloatField(default=0)
+    stage = models.CharField(max_length=200, blank=True, default="")
+    finished = models.BooleanField(default=False)
+    failed = models.BooleanField(default=False)
+    error = models.TextField(blank=True, default="")
+    updated_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_job_progress"
+        verbose_name_plural = "job progress"
+        indexes = [models.Index(fields=["updated_at"], name="dbqueue_progress_updated")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(percent__gte=0, percent__lte=100),
+                name="dbqueue_progress_percent_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.percent:.0f}%"
+
+
+class QueueControl(models.Model):
+    """Markers every worker on every host reads, such as a restart request."""
+
+    key = models.CharField(max_length=100, unique=True)
+    updated_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_control"
+        verbose_name = "queue control marker"
+
+    def __str__(self) -> str:
+        return f"{self.key} at {self.updated_at}"
+
+
+class QueueWorker(models.Model):
+    """A live worker process: the queues it serves, written at start and by its heartbeat.
+
+    Removed when the worker stops; a row whose ``last_seen_at`` is old belongs to a
+    worker that died.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    worker_id = models.CharField(max_length=100, unique=True, help_text="As in Job.reserved_by.")
+    hostname = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField()
+    queues = models.TextField(help_text="Queues served, comma-separated, highest priority first.")
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    # The options that matter to an operator, as "name=value" words (threads=4 batch=10 ...).
+    options = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # Written with ``last_seen_at`` by the heartbeat: jobs run so far, those that
+    # failed for good, those running now, and the one running longest.
+    processed = models.PositiveBigIntegerField(default=0, db_default=0)
+    failed = models.PositiveBigIntegerField(default=0, db_default=0)
+    running = models.PositiveIntegerField(default=0, db_default=0)
+    current_job = models.CharField(max_length=255, blank=True, default="", db_default="")
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_worker"
+        verbose_name = "worker"
+        indexes = [models.Index(fields=["last_seen_at"], name="dbqueue_worker_seen")]
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+    @property
+    def queue_list(self) -> list[str]:
+        return [queue for queue in self.queues.split(",") if queue]
+
+
+class TaskResultRecord(models.Model):
+    """The outcome of a ``django.tasks`` task, kept after its job row is gone."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    task_path = models.CharField(max_length=255)
+    backend = models.CharField(max_length=100)
+    queue = models.CharField(max_length=100)
+    priority = models.SmallIntegerField(default=0)
+    status = models.CharField(max_length=20, db_index=True)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    return_value = models.JSONField(null=True, blank=True)
+    # [{"exception_class_path": ..., "traceback": ...}], one per failed attempt.
+    errors = models.JSONField(default=list)
+    worker_ids = models.JSONField(default=list)
+    # The job row running it now (a retry from FailedJob gets a new one).
+    job_id = models.BigIntegerField(null=True, blank=True)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_task_result"
+        verbose_name = "task result"
+        indexes = [models.Index(fields=["finished_at"], name="dbqueue_task_result_finished")]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id}: {self.status}"
+
+
+class ScheduleState(models.Model):
+    """The state of one periodic schedule declared in code (``schedules.periodic``).
+
+    The code holds what a schedule is; this row holds where it stands: the next
+    tick to enqueue, the last one enqueued and its job, and whether an operator
+    disabled it. A tick is enqueued in the transaction that moves ``next_tick``,
+    under a lock on this row (a compare-and-set of ``next_tick`` on SQLite), so
+    each tick is enqueued exactly once, whatever the number of workers. A row
+    whose schedule left the code is kept, with its history, and shown as stale.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, unique=True)
+    job_name = models.CharField(max_length=200)
+    # As declared: a cron expression, a shorthand (@daily) or an interval ("every 30s").
+    expression = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64)
+    # The arguments of each run, as JSON (shown to operators).
+    arguments = models.TextField(default="{}")
+    enabled = models.BooleanField(default=True)
+    # The next tick to enqueue; None: to be computed from the database's clock by
+    # the next worker that looks (a new or changed schedule, one enabled again).
+    next_tick = models.DateTimeField(null=True, blank=True)
+    # The tick of the last run enqueued (a scheduled time, not the time it was enqueued).
+    last_tick = models.DateTimeField(null=True, blank=True)
+    # When the last run was enqueued, by a tick or "run now" (the database's clock).
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    # The job of that run (its row is deleted when it succeeds).
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    # Runs enqueued, and ticks not run (missed while no worker ticked, or overlapping).
+    runs = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    # The database's clock, on rows read by queries that annotate it.
+    db_now: datetime
+
+    class Meta:
+        db_table = "dbqueue_schedule"
+        verbose_name = "schedule"
+        ordering = ["name"]
+        indexes = [models.Index(fields=["next_tick"], name="dbqueue_schedule_next")]
+        permissions = [("run_schedule", "Can run a schedule now")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FlowLimitManager(QueueDatabaseManager):
+    def lock(self, keys: Iterable[str]) -> dict[str, FlowLimit]:
+        """Lock the rows of ``keys`` for the current transaction, creating the missing
+        ones; return them by key, with the database's clock in ``db_now``.
+
+        Rows are locked in key order, so claims that lock several keys never wait
+        on each other in a circle.
+        """
+        keys = sorted(set(keys))
+        queryset = self.get_queryset()
+        found = {row.key: row for row in _locked(queryset.filter(key__in=keys))}
+        # Twice: a row ``prune`` deleted between the insert (a conflict, ignored)
+        # and the lock is made again.
+        for _ in range(2):
+            missing = [key for key in keys if key not in found]
+            if not missing:
+                break
+            queryset.bulk_create([FlowLimit(key=key) for key in missing], ignore_conflicts=True)
+            found.update({row.key: row for row in _locked(queryset.filter(key__in=missing))})
+        return found
+
+    def prune(self, *, older_than: timedelta, concurrency_prefix: str) -> int:
+        """Delete the rows no claim needs; return how many.
+
+        A rate bucket not refilled for ``older_than`` (and holding no job back)
+        would be full again at its next use, and a concurrency key's row
+        (``concurrency_prefix`` + key) that no job row names holds no slot: both
+        are made again when a claim needs them. Rows a claim holds locked are
+        left for the next prune.
+        """
+        queryset = self.get_queryset()
+        using = queryset.db
+        now = queryset.annotate(**DB_NOW).values_list("db_now", flat=True).first()
+        if now is None:
+            return 0
+        unused_bucket = Q(updated_at__lt=now - older_than) & (Q(held_until__isnull=True) | Q(held_until__lt=now))
+        jobs = Job.objects.db_manager(using).get_queryset()
+        named = jobs.filter(concurrency_key=Substr(OuterRef("key"), len(concurrency_prefix) + 1))
+        unused_key = Q(updated_at__isnull=True, key__startswith=concurrency_prefix) & ~Exists(named)
+        with transaction.atomic(using=using):
+            candidates = queryset.filter(unused_bucket | unused_key).order_by("key")
+            if connections[using].features.has_select_for_update_skip_locked:
+                candidates = candidates.select_for_update(skip_locked=True)
+            ids = list(candidates.values_list("pk", flat=True)[:PRUNE_CHUNK])
+            if ids:
+                queryset.filter(pk__in=ids).delete()
+        return len(ids)
+
+
+# FlowLimit rows one prune deletes at most (the next prune takes the rest).
+PRUNE_CHUNK = 10_000
+
+
+def _locked(queryset: models.QuerySet[Any]) -> list[Any]:
+    return list(queryset.order_by("key").select_for_update().annotate(**DB_NOW))
+
+
+class FlowLimit(models.Model):
+    """A row per concurrency key and per rate-limit bucket, locked by the claims that use it.
+
+    A claim that takes a slot of a concurrency key locks that key's row, then
+    counts the key's reserved jobs; a claim that spends rate-limit tokens locks
+    the bucket's row, refills ``tokens`` for the time since ``updated_at`` and
+    takes what it spends. The lock serialises the claims of one key across
+    workers and hosts; claims of other keys do not wait.
+    """
+
+    key = models.CharField(max_length=255, unique=True)
+    tokens = models.FloatField(default=0)
+    updated_at = models.DateTimeField(null=True, blank=True)
+    # A rate bucket: the time after the last job held back for it is due (the next
+    # one held back is due then), so jobs held back by successive claims are spaced
+    # at the bucket's rate rather than all due at once.
+    held_until = models.DateTimeField(null=True, blank=True)
+
+    objects = FlowLimitManager()
+
+    # The database's clock, on rows read by ``FlowLimit.objects.lock``.
+    db_now: datetime
+
+    class Meta:
+        db_table = "dbqueue_limit"
+        verbose_name = "flow limit"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class UniqueWindow(models.Model):
+    """A unique key taken for a time (``@job(unique_for=...)``), whatever became of its job."""
+
+    key = models.CharField(max_length=255, unique=True)
+    # The job enqueued when the window opened (its row may be gone).
+    job_id = models.BigIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_unique_window"
+        verbose_name = "unique window"
+        indexes = [models.Index(fields=["expires_at"], name="dbqueue_unique_window_expires")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class PausedQueue(models.Model):
+    """A paused queue: workers claim none of its jobs until it is resumed (the row deleted)."""
+
+    queue = models.CharField(max_length=100, unique=True)
+    paused_at = models.DateTimeField()
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_paused_queue"
+        verbose_name = "paused queue"
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return self.queue
+
+
+class JobBatch(models.Model):
+    """A batch of jobs (batches.py): its counters move in the transactions that end its members.
+
+    ``pending`` counts the members not yet ended: a member that succeeds, fails
+    for good or is cancelled leaves it; a failed member retried comes back.
+    ``total = pending + succeeded + failed + cancelled`` at every commit.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, blank=True, default="")
+    # Members in all: enqueued with the batch and added later.
+    total = models.PositiveIntegerField(default=0)
+    pending = models.PositiveIntegerField(default=0)
+    # Members in FailedJob now (a retry takes one back to pending).
+    failed = models.PositiveIntegerField(default=0)
+    # Members that were still waiting when the batch was cancelled: deleted, never run.
+    cancelled = models.PositiveIntegerField(default=0)
+    allow_failures = models.BooleanField(default=False)
+    # {"then": [step, ...], "on_failure": [...], "on_finish": [...]}: the jobs to
+    # enqueue when the batch finishes or a member fails (JSON steps, as a chain's).
+    callbacks = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    # Set when ``pending`` reaches 0; cleared when a retry brings members back.
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_batch"
+        verbose_name = "batch"
+        verbose_name_plural = "batches"
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["finished_at"], name="dbqueue_batch_finished")]
+        permissions = [("cancel_batch", "Can cancel batches")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(pending__lte=F("total")) & Q(failed__lte=F("total")),
+                name="dbqueue_batch_counts",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name or 'batch'} #{self.pk}"
+
+    @property
+    def succeeded(self) -> int:
+        return self.total - self.pending - self.failed - self.cancelled
+
+    @property
+    def done(self) -> int:
+        """Members that ended, one way or another."""
+        return self.total - self.pending
+
+    @property
+    def percent(self) -> float:
+        """Members ended, as a percent of all (100 for an empty batch)."""
+        return round(100.0 * self.done / self.total, 2) if self.total else 100.0
+
+    @property
+    def state(self) -> str:
+        """``running``, ``finished``, ``failed`` (finished with failures), ``cancelling`` or ``cancelled``."""
+        if self.cancelled_at is not None:
+            return "cancelled" if self.finished_at is not None else "cancelling"
+        if self.finished_at is None:
+            return "running"
+        return "failed" if self.failed else "finished"
+
+
+class JobHistory(models.Model):
+    """Counts of job runs per minute, queue and job name (history.py).
+
+    Workers add their counts with the heartbeat (one upsert per beat for all the
+    names they ran), never one write per job. ``run_time`` is the total seconds
+    of the runs that ended; ``h0``..``h12`` count them by run time, in the
+    buckets of ``history.BOUNDS`` (the last one: longer than all).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    bucket = models.DateTimeField(help_text="The minute the counts belong to (the worker's clock).")
+    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    started = models.PositiveBigIntegerField(default=0)
+    succeeded = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+    # Runs that raised and were released to run again.
+    retried = models.PositiveBigIntegerField(default=0)
+    run_time = models.FloatField(default=0)
+    h0 = models.PositiveBigIntegerField(default=0)
+    h1 = models.PositiveBigIntegerField(default=0)
+    h2 = models.PositiveBigIntegerField(default=0)
+    h3 = models.PositiveBigIntegerField(default=0)
+    h4 = models.PositiveBigIntegerField(default=0)
+    h5 = models.PositiveBigIntegerField(default=0)
+    h6 = models.PositiveBigIntegerField(default=0)
+    h7 = models.PositiveBigIntegerField(default=0)
+    h8 = models.PositiveBigIntegerField(default=0)
+    h9 = models.PositiveBigIntegerField(default=0)
+    h10 = models.PositiveBigIntegerField(default=0)
+    h11 = models.PositiveBigIntegerField(default=0)
+    h12 = models.PositiveBigIntegerField(default=0)
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        db_table = "dbqueue_history"
+        verbose_name = "job history bucket"
+        verbose_name_plural = "job history"
+        constraints = [models.UniqueConstraint(fields=["bucket", "queue", "name"], name="dbqueue_history_key")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H:%M} {self.queue} {self.name}"
