@@ -1,29 +1,24 @@
-"""Run many jobs at once in one worker process: sync jobs in threads, ``async def``
-jobs on one event loop (``queue_work --threads N --async-concurrency M``).
+"""The executors a worker runs its claimed jobs on: ``Inline``, one slot in the main
+thread, or ``Pool``, N slots (``queue_work --threads N --async-concurrency M``):
+sync jobs in threads, ``async def`` jobs on one event loop.
 
-The worker's main thread stays the only one that claims jobs and stores
-outcomes; the pool only runs them. It hands each claimed job to a free thread
-(or to the event loop), and the thread hands back an ``Outcome``; the worker
-collects outcomes between claims, so a process that runs 32 jobs at once still
-deletes finished jobs and claims new ones with one statement per round trip.
+The worker's main thread stays the only one that claims jobs and stores outcomes;
+an executor only runs them, and hands back an ``Outcome`` per job, so a process that
+runs 32 jobs at once still deletes finished jobs and claims new ones with one
+statement per round trip.
 
-Timeouts, hard cancels, a second stop signal. A thread cannot be killed, and no
-exception is ever raised into one: raised at an arbitrary point of a job (inside
-a query, between a library's ``lock.acquire()`` and its ``try``) it would leave
-a broken connection or a held lock to the thread's next jobs. The job is asked
-to stop instead (``Run.reason``: its context's ``cancel_requested`` turns true,
-and ``check_cancelled()`` or ``progress()`` end it with that reason), and while
-a thread job has been asked and runs on, the pool starts no other job and the
-worker claims none. A job still running ``timeout_grace`` seconds later makes
-the worker end the process in order: the jobs asked to stop are recorded with
-their reason (timed out: a try spent; cancelled: failed), every other job the
-process holds is given back without spending a try, and the process exits with
-``EXIT_TIMED_OUT`` for its supervisor (``--concurrency``, systemd, Kubernetes)
-to start a fresh one. An asyncio job is cancelled at its next ``await``
-(``asyncio.timeout``, ``Task.cancel``), a point the job's code defines; one that
-blocks the loop is as stuck as such a thread. If the interpreter itself is
-blocked (C code holding the GIL), ``faulthandler`` ends the process a little
-later, as in a one-job worker.
+Timeouts, hard cancels, a second stop signal. No exception is ever raised into a
+job's thread: raised at an arbitrary point (inside a query, between a library's
+``lock.acquire()`` and its ``try``) it would leave a broken connection or a held
+lock to the thread's next jobs. The job is asked to stop instead (its context's
+``cancel_requested`` turns true, and ``check_cancelled()`` or ``progress()`` end it
+with that reason); while a thread job asked to stop runs on, no other job starts
+and the worker claims none. A job still running ``timeout_grace`` seconds later
+makes the worker end the process in order (``Worker._end_stuck``), for its
+supervisor (``--concurrency``, systemd, Kubernetes) to start a fresh one. An
+asyncio job is cancelled at its next ``await``, a point the job's code defines; one
+that blocks the loop is as stuck as such a thread. If the interpreter itself is
+blocked (C code holding the GIL), ``faulthandler`` ends the process a little later.
 """
 
 from __future__ import annotations
@@ -38,22 +33,24 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Protocol, Self
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections
 
-from . import registry
+from . import progress, registry
 from .db import caused_by_lost_connection, drop_connection
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import (
     Defaults,
+    JobTimer,
     Outcome,
     Prepared,
     arun_prepared,
     cancel_reason,
     cancel_task,
+    execute,
     hard_stop_later,
     outcome_of,
     prepare_run,
@@ -111,6 +108,123 @@ class Run:
             if not self.on_loop:
                 self.soft_at = time.monotonic() + seconds
             self.hard_at = time.monotonic() + seconds + defaults.timeout_grace
+
+
+class Executor(Protocol):
+    """What the worker loop asks of its executor, entered for the worker's life."""
+
+    @property
+    def capacity(self) -> int: ...  # slots: jobs run at once
+
+    # Set when the worker stops starting jobs: those not started come back unrun.
+    stopping: bool
+
+    @property
+    def busy(self) -> int: ...  # handed over and not collected: running or waiting for a slot
+    @property
+    def draining(self) -> bool: ...  # a job asked to stop runs on: none starts, none is claimed
+    @property
+    def has_outcomes(self) -> bool: ...  # ``collect`` has something to do now
+
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+    def submit(self, jobs: list[Job]) -> None: ...
+    def collect(self) -> list[tuple[Job, Outcome | None]]: ...  # None: not started
+    def ask_to_stop(self, job: Job, reason: BaseException) -> bool: ...
+    def ask_all_to_stop(self, reason_for: Callable[[Job], BaseException]) -> None: ...
+    def check_deadlines(self) -> tuple[Run | None, float | None]: ...  # a stuck run; when to look again
+    def abandon(self) -> list[Run]: ...  # forget every job handed over, for the worker to settle
+    def pause(self) -> None: ...  # the worker waits, or talks to the database, between jobs
+
+
+class Inline:
+    """One slot: the claimed jobs run one at a time in the worker's main thread, each
+    when ``collect`` is called, watched by a ``JobTimer`` whose thread hands a job
+    that does not stop in time to ``on_stuck(stuck, runs)`` (see execution)."""
+
+    capacity = 1
+    draining = False
+
+    def __init__(
+        self,
+        *,
+        defaults: Defaults,
+        worker_id: str,
+        cancel_level: Callable[[Job], int],
+        on_stuck: Callable[[Run, list[Run]], None],
+    ) -> None:
+        self.defaults = defaults
+        self.worker_id = worker_id
+        self._cancel_level = cancel_level
+        self._on_stuck = on_stuck
+        self.timer = JobTimer(defaults.timeout_grace, on_stuck=self._stuck)
+        self.queued: collections.deque[Job] = collections.deque()
+        self.current: Job | None = None
+        self.stopping = False
+
+    def __enter__(self) -> Inline:
+        self.timer.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.timer.__exit__()
+
+    @property
+    def busy(self) -> int:
+        return len(self.queued) + (self.current is not None)
+
+    @property
+    def has_outcomes(self) -> bool:
+        return bool(self.queued)
+
+    def submit(self, jobs: list[Job]) -> None:
+        self.queued.extend(jobs)
+
+    def collect(self) -> list[tuple[Job, Outcome | None]]:
+        """Run the next job here and now; once stopping, hand back every queued job unrun."""
+        if self.stopping:
+            return [(run.job, None) for run in self.abandon()]
+        if not self.queued:
+            return []
+        job = self.current = self.queued.popleft()
+        try:
+            with progress.keep_writer():
+                outcome = execute(
+                    job,
+                    worker_id=self.worker_id,
+                    defaults=self.defaults,
+                    timer=self.timer,
+                    # A cancel request, or the worker's own request to stop.
+                    cancel_probe=lambda: self._cancel_level(job) or int(self.timer.asked_to_stop(job)),
+                )
+        finally:
+            self.current = None
+        if outcome.exception is not None and caused_by_lost_connection(outcome.exception):
+            drop_connection()  # the job's connection is the worker's: a fresh one for what follows
+        return [(job, outcome)]
+
+    def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
+        return self.timer.ask_to_stop(job, reason)
+
+    def ask_all_to_stop(self, reason_for: Callable[[Job], BaseException]) -> None:
+        current = self.current
+        if current is not None:
+            self.timer.ask_to_stop(current, reason_for(current))
+
+    def check_deadlines(self) -> tuple[Run | None, float | None]:
+        return None, None  # the timer's thread watches the job
+
+    def abandon(self) -> list[Run]:
+        jobs, self.queued = list(self.queued), collections.deque()
+        return [Run(job, on_loop=False) for job in jobs]
+
+    def pause(self) -> None:
+        self.timer.pause()
+
+    def _stuck(self, prepared: Prepared, reason: BaseException) -> None:
+        # In the timer's thread: the main thread never comes back from this job.
+        stuck = Run(prepared.job, on_loop=False, prepared=prepared, reason=reason)
+        self._on_stuck(stuck, [stuck, *self.abandon()])
 
 
 class _Thread:
@@ -262,10 +376,14 @@ class Pool:
         self._last_resort_due = 0.0
         self._last_resort_lock = threading.Condition()
         self._last_resort_keeper: threading.Thread | None = None
+        self._writer: AbstractContextManager[None] = nullcontext()
 
     # -- life ------------------------------------------------------------------
 
-    def start(self) -> Pool:
+    def __enter__(self) -> Pool:
+        """Start the threads and the loop; all jobs write progress through one connection."""
+        self._writer = progress.share_writer()
+        self._writer.__enter__()
         for number in range(self.threads):
             pool_thread = _Thread(self, number + 1)
             self._pool_threads.append(pool_thread)
@@ -276,11 +394,14 @@ class Pool:
             self._loop_thread.start()
         return self
 
-    def __enter__(self) -> Pool:
-        return self
-
     def __exit__(self, *exc_info: object) -> None:
-        self.stop(wait=1.0)
+        try:
+            self.stop(wait=1.0)
+        finally:
+            self._writer.__exit__(None, None, None)
+
+    def pause(self) -> None:
+        pass  # the last resort is armed only while runs are past a deadline (check_deadlines)
 
     def stop(self, wait: float = 5.0) -> None:
         """End the threads and the loop (after the jobs they run, up to ``wait`` seconds)."""
