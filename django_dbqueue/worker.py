@@ -234,12 +234,14 @@ class Worker:
                 stopping = (reason, time.monotonic())
             if stopping is not None:
                 # The jobs claimed and not started run (a claim is about batch_window of
-                # work) rather than go back; for STOP_FINISH seconds at most, and not after
-                # a second stop signal (those claimed within --max-jobs or --once are the last).
+                # work) rather than go back: all of them after --max-jobs or --once (they are
+                # the last), none over --memory, else for STOP_FINISH seconds at most; none
+                # after a second stop signal.
                 reason, since = stopping
-                last = reason in (StopReason.MAX_JOBS, StopReason.ONCE)
-                if self._signals >= 2 or (not last and time.monotonic() - since >= STOP_FINISH):
+                if self._signals >= 2 or reason is StopReason.MEMORY:
                     executor.stopping = True
+                elif reason not in (StopReason.MAX_JOBS, StopReason.ONCE):
+                    executor.stopping = time.monotonic() - since >= STOP_FINISH
             finished = self._collect()
             if stopping is not None:
                 if not executor.busy:
