@@ -9,22 +9,24 @@ before the next one (``release_lost_claims``), and an outcome whose
 compare-and-set then matches nothing is looked up (``stored_by_earlier_try``). A
 job whose own connection broke under it did nothing wrong: it is given back
 without spending a try, at most ``MAX_GIVE_BACKS`` times. The jobs of a pool run
-on meanwhile; those past their timeout are asked to stop during the waits.
+on meanwhile; those past their timeout are asked to stop during the waits. Every
+outcome the worker stores (``store``, ``delete_done``, ``give_back``) goes through here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TypeVar
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 from . import workers
-from .db import caused_by_lost_connection, drop_connection, error_text, is_connection_error
+from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error
 from .execution import Outcome
 from .heartbeat import Heartbeat
-from .models import FailedJob, Job
+from .models import FailedJob, Job, TaskResultRecord
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -110,6 +112,67 @@ class Outages:
         )
         self._wait(delay)
         return lost
+
+    def store(
+        self, job: Job, outcome: Outcome, follow_ups: list[Job], record: TaskResultRecord | None
+    ) -> tuple[bool | None, FailedJob | None]:
+        """Store the outcome with the rows that follow it (and ``record``, the job's result, in
+        the same transaction), retrying while the database is away; None if it never could."""
+        failed_job = None
+        tries = 0
+
+        def change() -> bool:
+            nonlocal failed_job, tries
+            tries += 1
+            if outcome.status == "succeeded":
+                stored = Job.objects.delete_reserved(job, follow_ups=follow_ups)
+            elif outcome.status == "released":
+                stored = Job.objects.release(
+                    job, delay=outcome.delay, give_back=outcome.given_back, exception=outcome.counts_exception
+                )
+            else:
+                failed_job = Job.objects.fail(
+                    job, error=outcome.error, exception_class=outcome.exception_class, follow_ups=follow_ups
+                )
+                stored = failed_job is not None
+            if not stored and tries > 1:
+                # The try that lost its connection may have committed before the reply was lost.
+                stored, failed_job = self.stored_by_earlier_try(job, outcome)
+            if stored and record is not None:
+                record.save(using=alias(), force_insert=record._state.adding)
+            return stored
+
+        def store() -> bool:
+            with transaction.atomic(using=alias()) if record is not None else nullcontext():
+                return change()
+
+        return self.retry(store, "record"), failed_job
+
+    def delete_done(
+        self, done: list[tuple[Job, Outcome]], records: dict[int, TaskResultRecord], *, tried: bool = False
+    ) -> set[int] | None:
+        """Delete the jobs that succeeded (and save their ``records`` with them) in one statement;
+        return the ids deleted, None if it never could. ``tried``: a statement that deleted
+        them failed, and may have committed."""
+        tries = 1 if tried else 0
+
+        def delete() -> set[int]:
+            nonlocal tries
+            tries += 1
+            with transaction.atomic(using=alias()) if records else nullcontext():
+                deleted = Job.objects.delete_many_reserved([job for job, _ in done])
+                for pk in deleted & records.keys():
+                    records[pk].save(using=alias(), force_insert=records[pk]._state.adding)
+            if tries > 1:
+                # A try that lost its connection may have committed before the reply was lost.
+                deleted |= {
+                    job.pk
+                    for job, outcome in done
+                    if job.pk not in deleted and self.stored_by_earlier_try(job, outcome)[0]
+                }
+            return deleted
+
+        return self.retry(delete, "record")
 
     def release_lost_claims(self) -> None:
         """Give back rows reserved in this worker's name by a claim whose reply was lost.

@@ -13,16 +13,16 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any, NoReturn
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from . import batches, chains, concurrency, conf, handles, history, progress, registry, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
-from .db import alias, error_text, watch_network
+from .db import error_text, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, Outcome, outcome_of
 from .heartbeat import Heartbeat
@@ -568,34 +568,8 @@ class Worker:
     def _store(
         self, job: Job, outcome: Outcome, follow_ups: list[Job], *, keep: bool = False
     ) -> tuple[bool | None, FailedJob | None]:
-        """Store the outcome with the rows that follow it (and, with ``keep``, its result
-        record, in the same transaction), retrying while the database is away; None if it
-        never could."""
-        failed_job = None
-        tries = 0
-
-        def change() -> bool:
-            nonlocal failed_job, tries
-            tries += 1
-            if outcome.status == "succeeded":
-                stored = Job.objects.delete_reserved(job, follow_ups=follow_ups)
-            elif outcome.status == "released":
-                stored = Job.objects.release(
-                    job, delay=outcome.delay, give_back=outcome.given_back, exception=outcome.counts_exception
-                )
-            else:
-                failed_job = Job.objects.fail(
-                    job, error=outcome.error, exception_class=outcome.exception_class, follow_ups=follow_ups
-                )
-                stored = failed_job is not None
-            if not stored and tries > 1:
-                # The try that lost its connection may have committed before the reply was lost.
-                stored, failed_job = self.outages.stored_by_earlier_try(job, outcome)
-            return stored
-
-        def store() -> bool:
-            if not keep:
-                return change()
+        record = None
+        if keep:
             record = handles.outcome_record(
                 job,
                 status={"succeeded": "succeeded", "failed": "failed"}.get(outcome.status, "waiting"),
@@ -604,41 +578,15 @@ class Worker:
                 error="" if outcome.given_back else outcome.error,
                 exception_class="" if outcome.given_back else outcome.exception_class,
             )
-            with transaction.atomic(using=alias()):
-                stored = change()
-                if stored:
-                    record.save(using=alias(), force_insert=record._state.adding)
-            return stored
-
-        return self.outages.retry(store, "record"), failed_job
+        return self.outages.store(job, outcome, follow_ups, record)
 
     def _finish_done(self, *, tried: bool = False) -> None:
-        """Delete the jobs that succeeded in one statement, then report each.
-
-        ``tried``: a statement that deleted them failed, and may have committed."""
-        if not self._done:
-            return
-        done, self._done = self._done, []
-        records, self._done_records = self._done_records, {}
-        tries = 1 if tried else 0
-
-        def delete() -> set[int]:
-            nonlocal tries
-            tries += 1
-            with transaction.atomic(using=alias()) if records else nullcontext():
-                deleted = Job.objects.delete_many_reserved([job for job, _ in done])
-                for pk in deleted & records.keys():
-                    records[pk].save(using=alias(), force_insert=records[pk]._state.adding)
-            if tries > 1:
-                # A try that lost its connection may have committed before the reply was lost.
-                deleted |= {
-                    job.pk
-                    for job, outcome in done
-                    if job.pk not in deleted and self.outages.stored_by_earlier_try(job, outcome)[0]
-                }
-            return deleted
-
-        self._report_done(done, self.outages.retry(delete, "record"))
+        """Delete the jobs that succeeded in one statement, then report each (``tried``: a
+        statement that deleted them failed, and may have committed)."""
+        if self._done:
+            done, self._done = self._done, []
+            records, self._done_records = self._done_records, {}
+            self._report_done(done, self.outages.delete_done(done, records, tried=tried))
 
     def _report_done(self, done: list[tuple[Job, Outcome]], deleted: set[int] | None) -> None:
         """Signal and log jobs that succeeded, once their DELETE ran (None: it never could)."""
