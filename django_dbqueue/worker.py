@@ -14,22 +14,23 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import FrameType
 from typing import Any, NoReturn
 
 from django.db import DatabaseError
 
-from . import batches, chains, concurrency, conf, handles, history, progress, registry, signals, unique, workers
+from . import batches, history, registry, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import error_text, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, Outcome, outcome_of
 from .heartbeat import Heartbeat
 from .listener import Listener
-from .models import CANCEL_HARD, FailedJob, FlowLimit, Job, TaskResultRecord
+from .models import CANCEL_HARD, Job
 from .operations import restart_marker
 from .outages import Outages
+from .outcomes import Outcomes
 from .pool import Executor, Inline, Pool, Run
 from .schedules import Ticker
 
@@ -59,10 +60,6 @@ EXIT_TIMED_OUT = 77
 # try no sooner than this (seconds), by when that process is gone: until it is, the
 # job's code may still run in the thread that did not stop.
 ENDING_RELEASE_DELAY = 10.0
-# Hours after which the rows pruned without a setting go: worker rows of workers gone
-# that long, and flow-limit rows no claim used for a day (a rate bucket is full again
-# long before; a concurrency key no job names holds no slot).
-FIXED_PRUNE_HOURS = {"worker rows": workers.PRUNE_AFTER / 3600, "flow limit rows": 24.0}
 
 
 class StopReason(enum.Enum):
@@ -138,13 +135,6 @@ class Worker:
         self._pruned = -PRUNE_INTERVAL
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        # Succeeded, waiting for their batch's DELETE, since a monotonic time; and the
-        # result records of those that keep their results, saved with that DELETE.
-        self._done: list[tuple[Job, Outcome]] = []
-        self._done_records: dict[int, TaskResultRecord] = {}
-        self._done_since = 0.0
-        # Recent average run time of a job (seconds), None before the first.
-        self._average_run: float | None = None
         self._listener = Listener.configured()
         # Written into the worker's row and the history by the heartbeat (workers.py, history.py).
         self.stats = workers.Stats()
@@ -176,6 +166,15 @@ class Worker:
             wait=lambda seconds: self.wait(seconds, until_stop=False),
             forced=lambda: self._signals >= 2,
             meanwhile=self.executor.check_deadlines,
+        )
+        self.outcomes = Outcomes(
+            self.worker_id,
+            batch_window=options.batch_window,
+            heartbeat=self.heartbeat,
+            stats=self.stats,
+            history=self.history,
+            outages=self.outages,
+            sender=Worker,
         )
 
     # -- the loop ------------------------------------------------------------
@@ -210,7 +209,7 @@ class Worker:
             try:
                 reason = self._loop(started)
             finally:
-                self._finish_done()
+                self.outcomes.finish_done()
                 self._release_claimed()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
@@ -252,7 +251,7 @@ class Worker:
                 continue
             if finished:
                 if options.rest > 0:
-                    self._finish_done()
+                    self.outcomes.finish_done()
                     self.wait(options.rest)
                 continue
             want = self._claim_size()
@@ -268,8 +267,8 @@ class Worker:
                         return reason
                     continue
                 next_claim = time.monotonic() + self._sleep()
-            if self._done and time.monotonic() - self._done_since >= options.batch_window:
-                self._finish_done()
+            if self.outcomes.delete_due() == 0:
+                self.outcomes.finish_done()
             # Until a job ends, a deadline, a signal; and, to claim again after an empty
             # claim, a NOTIFY or --sleep.
             claim_in = next_claim - time.monotonic() if want > 0 else None
@@ -289,8 +288,8 @@ class Worker:
         if options.once:
             return 0 if self.processed else 1
         ahead = 0
-        if self._average_run is not None:
-            ahead = int(slots * options.batch_window / max(self._average_run, 1e-4))
+        if (average := self.outcomes.average_run) is not None:
+            ahead = int(slots * options.batch_window / max(average, 1e-4))
         want = slots + min(ahead, slots * (options.batch - 1)) - busy
         if options.max_jobs is not None:
             want = min(want, options.max_jobs - self.processed)
@@ -302,8 +301,8 @@ class Worker:
         if self.executor.has_outcomes:
             return False
         seconds = 60.0 if at_most is None else at_most
-        if self._done:
-            seconds = min(seconds, max(0.0, self._done_since + self.options.batch_window - time.monotonic()))
+        if (due := self.outcomes.delete_due()) is not None:
+            seconds = min(seconds, due)
         if next_look is not None:
             seconds = min(seconds, max(0.0, next_look - time.monotonic()) + 0.001)
         return self.wait(max(seconds, 0.0005), until_stop=False, listen=listen)
@@ -361,10 +360,7 @@ class Worker:
     def reserve(self, limit: int = 1) -> list[Job]:
         """Finish the jobs that succeeded and claim up to ``limit`` more, in one statement
         where the database allows; on a database error, log, wait and return none."""
-        if self._done_records:
-            # Kept results are saved in the transaction of their jobs' DELETE.
-            self._finish_done()
-        done, self._done = self._done, []
+        done = self.outcomes.take_done()
         try:
             if self.outages.claim_errors:
                 self.outages.release_lost_claims()
@@ -380,11 +376,11 @@ class Worker:
         except DatabaseError as exc:
             self.outages.claim_failed(exc)
             # The statement may have deleted them before its reply was lost.
-            self._done = done
-            self._finish_done(tried=True)
+            self.outcomes.done = done
+            self.outcomes.finish_done(tried=True)
             return []
         self.outages.claim_errors = 0
-        self._report_done(done, deleted)
+        self.outcomes.report_done(done, deleted)
         if not jobs and self._flow_switched():
             # The plain claim met jobs with limits and gave them back: they wait for the
             # flow claim, which takes them now (not an empty queue).
@@ -416,7 +412,7 @@ class Worker:
             self.processed += 1
             self.stats.started(job)
             self.history.started(job.queue, job.name)
-            _send(signals.job_started, job=job, worker_id=self.worker_id)
+            self.outcomes.send(signals.job_started, job=job, worker_id=self.worker_id)
             if job.cancel:
                 # Asked to stop while an earlier worker held it: it does not run again.
                 exc = JobCancelled(f"{job.name} (job {job.pk}) was cancelled while an earlier worker ran it")
@@ -519,7 +515,7 @@ class Worker:
             if outcome.status == "released":
                 outcome = dataclasses.replace(outcome, delay=max(outcome.delay, ENDING_RELEASE_DELAY))
             self._conclude(run.job, outcome)
-        self._finish_done()
+        self.outcomes.finish_done()
         self._flush_history()
         self._unregister()
         reason_ = StopReason.TIMED_OUT if recorded else StopReason.SIGNAL
@@ -528,149 +524,16 @@ class Worker:
         logging.shutdown()
         os._exit(EXIT_TIMED_OUT if recorded else 0)
 
-    # -- outcomes --------------------------------------------------------------
-
     def _conclude(self, job: Job, outcome: Outcome) -> None:
-        """Record the outcome of a job that ran (or batch its DELETE), then report it."""
         self.stats.stopped(job)
-        if self.outages.connection_lost(job, outcome):
-            outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True, counts_exception=False)
-        duration = outcome.duration
-        self._average_run = duration if self._average_run is None else 0.8 * self._average_run + 0.2 * duration
-        follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
-        keep = handles.keeps_result(job.name)
-        if outcome.status == "succeeded" and not follow_ups:
-            if keep:
-                self._done_records[job.pk] = handles.outcome_record(
-                    job, status="succeeded", worker_id=self.worker_id, result=outcome.result
-                )
-            if not self._done:
-                self._done_since = time.monotonic()
-            self._done.append((job, outcome))
-            # Deleted with the next claim, or now if the batch runs long.
-            if self.executor.busy and time.monotonic() - self._done_since >= self.options.batch_window:
-                self._finish_done()
-            return
-        stored, failed_job = self._store(job, outcome, follow_ups, keep=keep)
-        self.heartbeat.drop(job)
-        self._after_store(job, outcome, stored, failed_job)
-
-    def _follow_ups(self, job: Job, outcome: Outcome) -> list[Job]:
-        if isinstance(outcome.exception, JobCancelled):
-            # A cancelled job runs no on_failure callback; its remaining steps stay in FailedJob.
-            return []
-        try:
-            return chains.follow_ups(job, succeeded=outcome.status == "succeeded")
-        except Exception:  # a row's fault (JSON nested too deep) must not end the worker
-            logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
-            return []
-
-    def _store(
-        self, job: Job, outcome: Outcome, follow_ups: list[Job], *, keep: bool = False
-    ) -> tuple[bool | None, FailedJob | None]:
-        record = None
-        if keep:
-            record = handles.outcome_record(
-                job,
-                status={"succeeded": "succeeded", "failed": "failed"}.get(outcome.status, "waiting"),
-                worker_id=self.worker_id,
-                result=outcome.result,
-                error="" if outcome.given_back else outcome.error,
-                exception_class="" if outcome.given_back else outcome.exception_class,
-            )
-        return self.outages.store(job, outcome, follow_ups, record)
-
-    def _finish_done(self, *, tried: bool = False) -> None:
-        """Delete the jobs that succeeded in one statement, then report each (``tried``: a
-        statement that deleted them failed, and may have committed)."""
-        if self._done:
-            done, self._done = self._done, []
-            records, self._done_records = self._done_records, {}
-            self._report_done(done, self.outages.delete_done(done, records, tried=tried))
-
-    def _report_done(self, done: list[tuple[Job, Outcome]], deleted: set[int] | None) -> None:
-        """Signal and log jobs that succeeded, once their DELETE ran (None: it never could)."""
-        for job, outcome in done:
-            self.heartbeat.drop(job)
-            self._after_store(job, outcome, None if deleted is None else job.pk in deleted, None)
-
-    def _after_store(self, job: Job, outcome: Outcome, stored: bool | None, failed_job: FailedJob | None) -> None:
-        """Write the final progress and send the outcome's signal (neither changes what was
-        stored), then log it."""
-        status = outcome.status
-        self.stats.ended(job, failed=bool(stored) and status == "failed")
-        if stored:
-            self.history.ended(job.queue, job.name, status if status != "released" else "retried", outcome.duration)
-            if outcome.tracker is not None:
-                with progress.keep_writer():
-                    outcome.tracker.flush()
-                    if status == "succeeded":
-                        outcome.tracker.succeeded()
-                    elif status == "failed":
-                        outcome.tracker.failed(outcome.error)
-            sent = {"job": job, "worker_id": self.worker_id}
-            if status == "succeeded":
-                _send(signals.job_succeeded, **sent, duration=outcome.duration, result=outcome.result)
-            elif status == "released":
-                _send(
-                    signals.job_released,
-                    **sent,
-                    duration=outcome.duration,
-                    exception=outcome.exception,
-                    delay=outcome.delay,
-                )
-            else:
-                if isinstance(outcome.exception, JobCancelled):
-                    _send(signals.job_cancelled, job_id=job.pk, failed_job=failed_job)
-                _send(signals.job_failed, **sent, failed_job=failed_job, exception=outcome.exception)
-        logger.log(
-            logging.INFO if status == "succeeded" or outcome.snoozed else logging.WARNING,
-            "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s%s",
-            job.name,
-            job.pk,
-            job.queue,
-            job.attempts,
-            status,
-            outcome.duration,
-            f" retry_in={outcome.delay:g}s" if status == "released" else "",
-            f" error={outcome.exception_class}" if outcome.exception is not None else "",
-            (" snoozed" if outcome.snoozed else " given_back=connection_lost") if outcome.given_back else "",
-        )
-        if stored is None:
-            self.outages.unrecorded.add(job.pk)
-        if stored is False:
-            logger.warning(
-                "reservation lost job=%s id=%s attempt=%s: another worker holds it, outcome not recorded",
-                job.name,
-                job.pk,
-                job.attempts,
-            )
+        self.outcomes.conclude(job, outcome, more=self.executor.busy > 0)
 
     # -- upkeep ------------------------------------------------------------------
 
     def _prune(self) -> None:
-        """Delete old rows now and then, when idle (progress, results and history as
-        DBQUEUE["PROGRESS_MAX_AGE"], ["RESULT_MAX_AGE"] and ["HISTORY_MAX_AGE"] say)."""
-        if time.monotonic() - self._pruned < PRUNE_INTERVAL:
-            return
-        self._pruned = time.monotonic()
-        for setting, what, prune in (
-            ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
-            ("RESULT_MAX_AGE", "results", handles.prune_results),
-            (None, "worker rows", lambda hours: workers.prune(hours * 3600)),
-            ("HISTORY_MAX_AGE", "history rows", history.prune),
-            (None, "flow limit rows", _prune_flow_limits),
-        ):
-            max_age = conf.get(setting) if setting is not None else FIXED_PRUNE_HOURS[what]
-            if max_age is None:
-                continue
-            try:
-                count = prune(float(max_age))
-            except DatabaseError as exc:
-                logger.warning("prune of %s failed: %s", what, error_text(exc))
-                continue
-            if count:
-                logger.info("pruned %s=%s older_than_hours=%s", what.replace(" ", "_"), count, max_age)
+        if time.monotonic() - self._pruned >= PRUNE_INTERVAL:
+            self._pruned = time.monotonic()
+            workers.prune_old_rows()
 
     def _options_text(self) -> str:
         """The options an operator looks for in the workers table."""
@@ -777,10 +640,6 @@ class Worker:
                 signal.signal(signum, handler)
 
 
-def _prune_flow_limits(hours: float) -> int:
-    return FlowLimit.objects.prune(older_than=timedelta(hours=hours), concurrency_prefix=concurrency.PREFIX)
-
-
 def _asked_for(reason: BaseException | None) -> str:
     """What asked a job to stop, for the log."""
     if isinstance(reason, JobCancelled):
@@ -788,10 +647,3 @@ def _asked_for(reason: BaseException | None) -> str:
     if isinstance(reason, WorkerStopped):
         return "a second stop signal"
     return "its timeout"
-
-
-def _send(signal_: Any, **kwargs: Any) -> None:
-    """Send a signal; a receiver that raises is logged and changes nothing."""
-    for receiver, response in signal_.send_robust(sender=Worker, **kwargs):
-        if isinstance(response, Exception):
-            logger.error("signal receiver %r raised", receiver, exc_info=response)

@@ -30,11 +30,12 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+from django.db import DatabaseError
 from django.db.models import Q
 
-from . import conf
-from .db import DbNow
-from .models import Job, QueueWorker
+from . import concurrency, conf, handles, history, progress
+from .db import DbNow, error_text
+from .models import FlowLimit, Job, QueueWorker
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -198,3 +199,36 @@ def forget_reclaim() -> None:
     """Let the next ``reclaim_dead`` look at once (tests)."""
     global _reclaimed_at
     _reclaimed_at = 0.0
+
+
+# Hours after which the rows pruned without a setting go: worker rows of workers gone
+# that long, and flow-limit rows no claim used for a day (a rate bucket is full again
+# long before; a concurrency key no job names holds no slot).
+FIXED_PRUNE_HOURS = {"worker rows": PRUNE_AFTER / 3600, "flow limit rows": 24.0}
+
+
+def prune_old_rows() -> None:
+    """Delete old rows (an idle worker does, now and then): progress, results and history
+    as DBQUEUE["PROGRESS_MAX_AGE"], ["RESULT_MAX_AGE"] and ["HISTORY_MAX_AGE"] say, and
+    the rows of ``FIXED_PRUNE_HOURS``."""
+    for setting, what, prune_rows in (
+        ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
+        ("RESULT_MAX_AGE", "results", handles.prune_results),
+        (None, "worker rows", lambda hours: prune(hours * 3600)),
+        ("HISTORY_MAX_AGE", "history rows", history.prune),
+        (None, "flow limit rows", _prune_flow_limits),
+    ):
+        max_age = conf.get(setting) if setting is not None else FIXED_PRUNE_HOURS[what]
+        if max_age is None:
+            continue
+        try:
+            count = prune_rows(float(max_age))
+        except DatabaseError as exc:
+            logger.warning("prune of %s failed: %s", what, error_text(exc))
+            continue
+        if count:
+            logger.info("pruned %s=%s older_than_hours=%s", what.replace(" ", "_"), count, max_age)
+
+
+def _prune_flow_limits(hours: float) -> int:
+    return FlowLimit.objects.prune(older_than=timedelta(hours=hours), concurrency_prefix=concurrency.PREFIX)

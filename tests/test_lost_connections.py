@@ -77,7 +77,7 @@ def test_jobs_a_stopping_worker_gives_back_unrun_spend_no_try():
     from django_dbqueue.worker import Worker, WorkerOptions
 
     worker = Worker(WorkerOptions(queues=["default"], defaults=Defaults(tries=1, timeout=30, backoff=0), sleep=0))
-    worker._average_run = 0.001  # claim a batch at once
+    worker.outcomes.average_run = 0.001  # claim a batch at once
     claimed, *others = claim(worker)
     assert len(others) == 2
     worker.executor.queued.popleft()  # it runs

@@ -25,7 +25,7 @@ def make_worker(batch: int, **options: float) -> Worker:
     worker = Worker(
         WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=30, backoff=0), batch=batch, **options)
     )
-    worker._average_run = 0.001
+    worker.outcomes.average_run = 0.001
     return worker
 
 
@@ -82,7 +82,7 @@ def test_round_trips_per_job_in_steady_state_are_pinned():
 )
 def test_a_claim_takes_as_many_jobs_as_run_in_the_batch_window(average_run, batch, claimed):
     worker = make_worker(batch=batch)
-    worker._average_run = average_run
+    worker.outcomes.average_run = average_run
     assert worker.options.batch_window == 0.05
     assert worker._claim_size() == claimed
 
