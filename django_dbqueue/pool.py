@@ -32,8 +32,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, Self
 
 from asgiref.sync import sync_to_async
@@ -41,16 +41,15 @@ from django.db import DatabaseError, connections
 
 from . import progress, registry
 from .db import caused_by_lost_connection, drop_connection
-from .exceptions import JobCancelled, JobTimeout, WorkerStopped
+from .exceptions import JobTimeout, WorkerStopped
 from .execution import (
     Defaults,
-    JobTimer,
     Outcome,
     Prepared,
     arun_prepared,
     cancel_reason,
     cancel_task,
-    execute,
+    ends_as_asked,
     hard_stop_later,
     outcome_of,
     prepare_run,
@@ -137,96 +136,6 @@ class Executor(Protocol):
     def pause(self) -> None: ...  # the worker waits, or talks to the database, between jobs
 
 
-class Inline:
-    """One slot: the claimed jobs run one at a time in the worker's main thread, each
-    when ``collect`` is called, watched by a ``JobTimer`` whose thread hands a job
-    that does not stop in time to ``on_stuck(stuck, runs)`` (see execution)."""
-
-    capacity = 1
-    draining = False
-
-    def __init__(
-        self,
-        *,
-        defaults: Defaults,
-        worker_id: str,
-        cancel_level: Callable[[Job], int],
-        on_stuck: Callable[[Run, list[Run]], None],
-    ) -> None:
-        self.defaults = defaults
-        self.worker_id = worker_id
-        self._cancel_level = cancel_level
-        self._on_stuck = on_stuck
-        self.timer = JobTimer(defaults.timeout_grace, on_stuck=self._stuck)
-        self.queued: collections.deque[Job] = collections.deque()
-        self.current: Job | None = None
-        self.stopping = False
-
-    def __enter__(self) -> Inline:
-        self.timer.__enter__()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.timer.__exit__()
-
-    @property
-    def busy(self) -> int:
-        return len(self.queued) + (self.current is not None)
-
-    @property
-    def has_outcomes(self) -> bool:
-        return bool(self.queued)
-
-    def submit(self, jobs: list[Job]) -> None:
-        self.queued.extend(jobs)
-
-    def collect(self) -> list[tuple[Job, Outcome | None]]:
-        """Run the next job here and now; once stopping, hand back every queued job unrun."""
-        if self.stopping:
-            return [(run.job, None) for run in self.abandon()]
-        if not self.queued:
-            return []
-        job = self.current = self.queued.popleft()
-        try:
-            with progress.keep_writer():
-                outcome = execute(
-                    job,
-                    worker_id=self.worker_id,
-                    defaults=self.defaults,
-                    timer=self.timer,
-                    # A cancel request, or the worker's own request to stop.
-                    cancel_probe=lambda: self._cancel_level(job) or int(self.timer.asked_to_stop(job)),
-                )
-        finally:
-            self.current = None
-        if outcome.exception is not None and caused_by_lost_connection(outcome.exception):
-            drop_connection()  # the job's connection is the worker's: a fresh one for what follows
-        return [(job, outcome)]
-
-    def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
-        return self.timer.ask_to_stop(job, reason)
-
-    def ask_all_to_stop(self, reason_for: Callable[[Job], BaseException]) -> None:
-        current = self.current
-        if current is not None:
-            self.timer.ask_to_stop(current, reason_for(current))
-
-    def check_deadlines(self) -> tuple[Run | None, float | None]:
-        return None, None  # the timer's thread watches the job
-
-    def abandon(self) -> list[Run]:
-        jobs, self.queued = list(self.queued), collections.deque()
-        return [Run(job, on_loop=False) for job in jobs]
-
-    def pause(self) -> None:
-        self.timer.pause()
-
-    def _stuck(self, prepared: Prepared, reason: BaseException) -> None:
-        # In the timer's thread: the main thread never comes back from this job.
-        stuck = Run(prepared.job, on_loop=False, prepared=prepared, reason=reason)
-        self._on_stuck(stuck, [stuck, *self.abandon()])
-
-
 class _Thread:
     """One pool thread: runs jobs from the pool's queue, one at a time."""
 
@@ -276,19 +185,11 @@ class _Thread:
 
     # -- the timer interface execution.run_prepared uses (see JobTimer) --------
 
-    @contextmanager
-    def limit(self, prepared: Prepared, seconds: int | None) -> Iterator[None]:
+    def limit(self, prepared: Prepared, seconds: int | None) -> AbstractContextManager[None]:
         # The deadlines were set as the run started; the main thread watches them.
         run = self.run
         assert run is not None
-        try:
-            yield
-        except JobCancelled as exc:
-            # The job stopped itself after it was asked to: it ends with the reason it was asked for.
-            reason = run.reason
-            if reason is not None and not isinstance(reason, JobCancelled):
-                raise reason from exc
-            raise
+        return ends_as_asked(lambda: run.reason)
 
 
 def _internal_error(run: Run, exc: BaseException) -> Outcome:

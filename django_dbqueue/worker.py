@@ -26,12 +26,13 @@ from .db import error_text, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
 from .execution import Defaults, Outcome, outcome_of
 from .heartbeat import Heartbeat
+from .inline import Inline
 from .listener import Listener
 from .models import CANCEL_HARD, Job
 from .operations import restart_marker
 from .outages import Outages
 from .outcomes import Outcomes
-from .pool import Executor, Inline, Pool, Run
+from .pool import Executor, Pool, Run
 from .schedules import Ticker
 
 logger = logging.getLogger("django_dbqueue")
@@ -54,7 +55,7 @@ MAX_THREADS = 512
 MAX_ASYNC = 10_000
 # A worker exits with this code after a job it asked to stop (its timeout, a hard
 # cancel) ran on past its grace: it recorded that job and gave back the others, and
-# its supervisor starts a fresh process (see pool, execution.JobTimer).
+# its supervisor starts a fresh process (see pool, inline.JobTimer).
 EXIT_TIMED_OUT = 77
 # A job recorded as timed out by a process that ends for it is released for its next
 # try no sooner than this (seconds), by when that process is gone: until it is, the

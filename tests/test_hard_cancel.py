@@ -19,7 +19,8 @@ import pytest
 
 from django_dbqueue import payload, signals
 from django_dbqueue.exceptions import JobCancelled
-from django_dbqueue.execution import Defaults, JobTimer, Prepared, prepare_run
+from django_dbqueue.execution import Defaults, Prepared, prepare_run
+from django_dbqueue.inline import JobTimer
 from django_dbqueue.models import CANCEL_HARD, FailedJob, Job
 from django_dbqueue.worker import Worker, WorkerOptions
 from tests.conftest import wait_until

@@ -106,7 +106,7 @@ def test_prefetched_jobs_are_kept_alive_by_the_heartbeat_until_they_run():
     enqueue_many(jobs.record.using(retry_after=1).bind(f"s{i}") for i in range(2))
     worker = make_worker(batch=2)
     try:
-        first, second = claim(worker)
+        _, second = claim(worker)
         time.sleep(2.5)  # more than twice their retry_after
         assert Job.objects.expired() == [] and Job.objects.reclaim_expired() == 0
         worker._collect()  # runs the first
