@@ -191,6 +191,27 @@ class Heartbeat:
             return False
         return now < entry[1] + job.retry_after - LEASE_MARGIN
 
+    # -- the worker's row --------------------------------------------------------
+
+    def register(self) -> None:
+        """Write the worker's row as it starts (or the first beat does, once the database answers)."""
+        try:
+            workers.register(self.worker_id, self.queues or [], self.options, self.stats)
+        except DatabaseError as exc:
+            logger.warning("worker row not written worker_id=%s: %s", self.worker_id, error_text(exc))
+
+    def unregister(self) -> None:
+        """Write the history counts not written yet and delete the worker's row (a clean stop)."""
+        try:
+            if self.recorder is not None:
+                self.recorder.flush()
+        except DatabaseError as exc:
+            logger.warning("history not written worker_id=%s: %s", self.worker_id, error_text(exc))
+        try:
+            workers.unregister(self.worker_id)
+        except DatabaseError as exc:
+            logger.warning("worker row not removed worker_id=%s: %s", self.worker_id, error_text(exc))
+
     # -- the thread ------------------------------------------------------------
 
     def start(self) -> Heartbeat:

@@ -17,15 +17,33 @@ import time
 from typing import Any
 
 from . import chains, handles, progress, signals
-from .exceptions import JobCancelled
-from .execution import Outcome
+from .exceptions import JobCancelled, JobTimeout
+from .execution import Defaults, Outcome, outcome_of
 from .heartbeat import Heartbeat
 from .history import Recorder
 from .models import FailedJob, Job, TaskResultRecord
 from .outages import Outages
+from .pool import Run
 from .workers import Stats
 
 logger = logging.getLogger("django_dbqueue")
+
+# A job recorded as timed out by a process that ends for it is released for its next
+# try no sooner than this (seconds), by when that process is gone: until it is, the
+# job's code may still run in the thread that did not stop.
+ENDING_RELEASE_DELAY = 10.0
+
+
+def ending(run: Run, defaults: Defaults) -> Outcome:
+    """The outcome of a run asked to stop that did not, as the process that ends for it records it."""
+    seconds = run.job.timeout or defaults.timeout
+    reason = run.reason or JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+    if run.prepared is None:
+        return Outcome("failed", 0, exception=reason, error=str(reason))
+    outcome = outcome_of(run.prepared, reason, defaults)
+    if outcome.status != "released":
+        return outcome
+    return dataclasses.replace(outcome, delay=max(outcome.delay, ENDING_RELEASE_DELAY))
 
 
 class Outcomes:

@@ -6,11 +6,8 @@ import dataclasses
 import enum
 import logging
 import os
-import resource
-import secrets
 import select
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,15 +20,15 @@ from django.db import DatabaseError
 from . import batches, history, registry, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import error_text, watch_network
-from .exceptions import JobCancelled, JobTimeout, WorkerStopped
-from .execution import Defaults, Outcome, outcome_of
+from .exceptions import JobCancelled, WorkerStopped
+from .execution import Defaults, Outcome
 from .heartbeat import Heartbeat
 from .inline import Inline
 from .listener import Listener
 from .models import CANCEL_HARD, Job
 from .operations import restart_marker
 from .outages import Outages
-from .outcomes import Outcomes
+from .outcomes import Outcomes, ending
 from .pool import Executor, Pool, Run
 from .schedules import Ticker
 
@@ -57,10 +54,6 @@ MAX_ASYNC = 10_000
 # cancel) ran on past its grace: it recorded that job and gave back the others, and
 # its supervisor starts a fresh process (see pool, inline.JobTimer).
 EXIT_TIMED_OUT = 77
-# A job recorded as timed out by a process that ends for it is released for its next
-# try no sooner than this (seconds), by when that process is gone: until it is, the
-# job's code may still run in the thread that did not stop.
-ENDING_RELEASE_DELAY = 10.0
 
 
 class StopReason(enum.Enum):
@@ -105,27 +98,12 @@ class WorkerOptions:
         return self.threads > 1 or self.async_concurrency > 0
 
 
-def new_worker_id(pid: int | None = None, token: str | None = None) -> str:
-    """Return an id naming a worker process: host, pid and a random part."""
-    return f"{socket.gethostname()[:60]}:{pid or os.getpid()}:{token or secrets.token_hex(3)}"
-
-
-def memory_mb() -> float:
-    """Resident memory of this process in MB."""
-    try:
-        with open("/proc/self/statm") as statm:
-            pages = int(statm.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 class Worker:
     """Serve ``options.queues`` until a stop condition; see ``run``."""
 
     def __init__(self, options: WorkerOptions, *, worker_id: str | None = None) -> None:
         self.options = options
-        self.worker_id = worker_id or new_worker_id()
+        self.worker_id = worker_id or workers.new_worker_id()
         self.processed = 0
         self.stop_requested = False
         self._signals = 0
@@ -188,7 +166,7 @@ class Worker:
         self._restart_seen = self._read_restart_marker()
         self._restart_checked = started
         watch_network()
-        self._register()
+        self.heartbeat.register()
         for definition in registry.all_definitions().values():
             if definition.uses_limits:
                 use_flow_claim(definition.effective_queue)
@@ -214,8 +192,7 @@ class Worker:
                 self._release_claimed()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
-        self._flush_history()
-        self._unregister()
+        self.heartbeat.unregister()
         logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason.value, self.processed)
         return reason
 
@@ -321,7 +298,7 @@ class Worker:
         if options.once and self.processed and not self.executor.busy:
             return StopReason.ONCE
         # After a job, so a worker that starts above the limit still makes progress.
-        if finished and options.memory is not None and (used := memory_mb()) >= options.memory:
+        if finished and options.memory is not None and (used := workers.memory_mb()) >= options.memory:
             logger.warning(
                 "memory limit reached worker_id=%s memory_mb=%.0f limit_mb=%s", self.worker_id, used, options.memory
             )
@@ -507,18 +484,10 @@ class Worker:
                     logger.warning("job=%s id=%s did not stop: given back", run.job.name, run.job.pk)
                 self._give_back(run.job)
                 continue
-            seconds = run.job.timeout or self.options.defaults.timeout
-            reason = run.reason or JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
-            if run.prepared is not None:
-                outcome = outcome_of(run.prepared, reason, self.options.defaults)
-            else:
-                outcome = Outcome("failed", 0, exception=reason, error=str(reason))
-            if outcome.status == "released":
-                outcome = dataclasses.replace(outcome, delay=max(outcome.delay, ENDING_RELEASE_DELAY))
+            outcome = ending(run, self.options.defaults)
             self._conclude(run.job, outcome)
         self.outcomes.finish_done()
-        self._flush_history()
-        self._unregister()
+        self.heartbeat.unregister()
         reason_ = StopReason.TIMED_OUT if recorded else StopReason.SIGNAL
         logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason_.value, self.processed)
         # Threads that may still run a stuck job must not hold the exit up.
@@ -545,26 +514,6 @@ class Worker:
         if options.parent_pid is not None:
             words.append(f"supervisor={options.parent_pid}")
         return " ".join(words)
-
-    def _flush_history(self) -> None:
-        """Write the counts the heartbeat has not written yet (a clean stop)."""
-        try:
-            self.history.flush()
-        except DatabaseError as exc:
-            logger.warning("history not written worker_id=%s: %s", self.worker_id, error_text(exc))
-
-    def _register(self) -> None:
-        try:
-            workers.register(self.worker_id, self.options.queues, self._options_text(), self.stats)
-        except DatabaseError as exc:
-            # The heartbeat writes the row once the database answers.
-            logger.warning("worker row not written worker_id=%s: %s", self.worker_id, error_text(exc))
-
-    def _unregister(self) -> None:
-        try:
-            workers.unregister(self.worker_id)
-        except DatabaseError as exc:
-            logger.warning("worker row not removed worker_id=%s: %s", self.worker_id, error_text(exc))
 
     def _read_restart_marker(self) -> datetime | None:
         try:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
+import secrets
 import socket
 import threading
 import time
@@ -100,6 +102,21 @@ class Stats:
                 "running": len(self._running),
                 "current_job": f"{oldest[2]} #{oldest[1]}"[:255] if oldest else "",
             }
+
+
+def new_worker_id(pid: int | None = None, token: str | None = None) -> str:
+    """Return an id naming a worker process: host, pid and a random part."""
+    return f"{socket.gethostname()[:60]}:{pid or os.getpid()}:{token or secrets.token_hex(3)}"
+
+
+def memory_mb() -> float:
+    """Resident memory of this process in MB."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def hostname() -> str:
