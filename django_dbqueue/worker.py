@@ -144,7 +144,8 @@ class Worker:
             self.heartbeat,
             wait=lambda seconds: self.wait(seconds, until_stop=False),
             forced=lambda: self._signals >= 2,
-            meanwhile=self.executor.check_deadlines,
+            # Not once the process gave up its jobs to end: none may start then.
+            meanwhile=lambda: self.executor.busy and self.executor.check_deadlines(),
         )
         self.outcomes = Outcomes(
             self.worker_id,
@@ -313,10 +314,8 @@ class Worker:
 
     def _idle(self) -> StopReason | None:
         """The claim found nothing and nothing runs: stop (``--once``, ``--stop-when-empty``),
-        or prune old rows now and then and wait for work (``--sleep``, or a NOTIFY).
-
-        Not when the claim held back rows it ran out of rounds for (``retry_in`` is 0):
-        jobs this worker may run still wait, so it claims again at once."""
+        or prune old rows now and then and wait for work (``--sleep``, or a NOTIFY); not if
+        the claim ran out of rounds (``retry_in`` is 0): then it claims again at once."""
         if retry_in() == 0:
             return None
         if self.options.once:
@@ -380,8 +379,8 @@ class Worker:
         self._collect()
 
     def _submit(self, jobs: list[Job]) -> None:
-        """Hand claimed jobs to the executor; the heartbeat covers each from its claim until
-        its outcome is stored. A job that carries a cancel request ends at once."""
+        """Hand claimed jobs to the executor (the heartbeat covers each until its outcome is
+        stored); a job that carries a cancel request ends at once."""
         self.heartbeat.hold(jobs)
         runnable = []
         for job in jobs:
@@ -476,6 +475,7 @@ class Worker:
             len(recorded),
             len(runs) - len(recorded),
         )
+        self.executor.stopping = True
         self.heartbeat.running(None)
         for run in runs:
             self.heartbeat.stopped(run.job)

@@ -1,22 +1,16 @@
-"""Live workers: one ``QueueWorker`` row per worker process, so operators (the
-admin's dashboard, ``queue_monitor``, ``queue_health``, the metrics view) can
-tell who serves which queues, how much each did, and what it runs now.
+"""Live workers: one ``QueueWorker`` row per worker process, so operators (the admin's
+dashboard, ``queue_monitor``, ``queue_health``, the metrics view) see who serves
+which queues, how much each did, and what it runs now.
 
-A worker writes its row when it starts, its heartbeat thread refreshes it every
-``beat_seconds()`` (``DBQUEUE["WORKER_BEAT"]``, 10 s) with ``last_seen_at`` and
-its counts, and the worker deletes it when it stops. A killed worker leaves its
-row behind: the row is **dead** once ``last_seen_at`` is ``dead_after()`` (three
-beats) old, and idle workers delete it after ``PRUNE_AFTER``.
-
-Early reclaim: a dead worker's reservations are released (or failed, once
-their tries are spent) by idle workers at once, without waiting for each job's
-``retry_after``. Safely means: both times are read from the database's clock,
-so skewed host clocks do not matter; and a worker that cannot refresh its row
+A worker writes its row as it starts, its heartbeat refreshes it every
+``beat_seconds()`` (``DBQUEUE["WORKER_BEAT"]``), and it deletes it as it stops. A
+killed worker's row is **dead** once ``last_seen_at`` is ``dead_after()`` (three
+beats) old: idle workers then release or fail its reservations at once (early
+reclaim), and delete the row after ``PRUNE_AFTER``. Both times are the database's,
+so skewed host clocks do not matter; and a worker that could not refresh its row
 for ``dead_after()`` counts its own reservations as possibly taken
-(``Heartbeat.lease_safe``), as it does once ``retry_after`` passed, so it
-never reports an outcome another worker may have produced. A live worker cut
-off from the database for longer than that may still be running a job that is
-run again elsewhere: the same at-least-once as after ``retry_after``, sooner.
+(``Heartbeat.lease_safe``), so it never reports an outcome another worker may have
+produced.
 """
 
 from __future__ import annotations
