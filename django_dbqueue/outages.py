@@ -1,16 +1,13 @@
 """Recovery from a lost database: how a worker outlives an outage.
 
 Every statement of the worker's main thread (a claim, an outcome) is retried on a
-fresh connection after a short wait (``DB_RETRY_DELAYS``), without end while the
-session is what broke (a killed session, a restarted server) and up to
-``MAX_RECORD_ERRORS`` times for a statement the database refuses. A statement
-whose reply was lost may have committed: the rows of such a claim are given back
-before the next one (``release_lost_claims``), and an outcome whose
-compare-and-set then matches nothing is looked up (``stored_by_earlier_try``). A
-job whose own connection broke under it did nothing wrong: it is given back
-without spending a try, at most ``MAX_GIVE_BACKS`` times. The jobs of a pool run
-on meanwhile; those past their timeout are asked to stop during the waits. Every
-outcome the worker stores (``store``, ``delete_done``, ``give_back``) goes through here.
+fresh connection after a short wait (``DB_RETRY_DELAYS``): without end while the
+session is what broke, ``MAX_RECORD_ERRORS`` times for one the database refuses. A
+statement whose reply was lost may have committed: such a claim's rows are given
+back before the next claim, and an outcome whose compare-and-set then matches
+nothing is looked up (``stored_by_earlier_try``). A job whose own connection broke
+is given back without spending a try, ``MAX_GIVE_BACKS`` times at most. A pool's
+jobs run on meanwhile. Every outcome the worker stores goes through here.
 """
 
 from __future__ import annotations
@@ -45,13 +42,9 @@ MAX_RECORD_ERRORS = 5
 
 
 class Outages:
-    """The worker's recovery from database errors (see the module's docstring).
-
-    ``wait(seconds)`` sleeps between two tries (a first stop signal does not cut it
-    short: recording an outcome is part of finishing a job); ``forced()`` tells
-    whether a second stop signal came (then an outcome is given up on);
-    ``meanwhile()`` runs during each wait (the pool's deadlines).
-    """
+    """``wait(seconds)`` sleeps between two tries (not cut short by a first stop signal:
+    recording an outcome is part of finishing a job); after ``forced()`` (a second stop
+    signal) an outcome is given up on; ``meanwhile()`` runs at each wait (deadlines)."""
 
     def __init__(
         self,
@@ -175,11 +168,8 @@ class Outages:
         return self.retry(delete, "record")
 
     def release_lost_claims(self) -> None:
-        """Give back rows reserved in this worker's name by a claim whose reply was lost.
-
-        Only between claims, after a failed one: this worker then holds nothing but
-        the jobs whose outcome it could not store, which are left to their retry_after.
-        """
+        """Give back rows reserved in this worker's name by a claim whose reply was lost (after
+        a failed claim; the jobs whose outcome it could not store wait for their retry_after)."""
         held = Job.objects.reserved().filter(reserved_by=self.worker_id).exclude(pk__in=self.unrecorded)
         for job in held:
             if Job.objects.release(job, give_back=True):
@@ -221,16 +211,11 @@ class Outages:
         return True
 
     def stored_by_earlier_try(self, job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:
-        """Tell whether a try whose connection dropped had stored ``outcome`` after all.
-
-        A compare-and-set that matches nothing on the next try means that, or that the
-        reservation expired and another worker took the job. A failure is told apart
-        exactly (FailedJob keeps the reservation's attempts). A row gone (or, for a
-        release, reserved again) was changed by this worker only while its lease holds
-        (``Heartbeat.lease_safe``): after a longer outage another worker may have
-        reclaimed, run and deleted it, so the outcome is logged, not reported; a job's
-        outcome is never reported twice.
-        """
+        """Tell whether a try whose connection dropped had stored ``outcome`` after all (or
+        the reservation expired and another worker took the job). A failure is told apart
+        exactly (FailedJob keeps the attempts); a row gone (a release: reserved again) was
+        this worker's doing only while its lease holds (``Heartbeat.lease_safe``), else the
+        outcome is logged, not reported: it is never reported twice."""
         if outcome.status == "failed":
             failed_job = FailedJob.objects.filter(job_id=job.pk, attempts=job.attempts).first()
             return failed_job is not None, failed_job
