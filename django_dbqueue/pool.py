@@ -154,6 +154,9 @@ class _Thread:
                 # Not while a job asked to stop runs on: its process may end for it.
                 pool._may_start.wait()
                 outcome: Outcome | None = None
+                # Taken before the look at ``stopping``: a worker that stops gives back only
+                # the runs no thread took (see Worker._release_claimed).
+                run.thread = self
                 try:
                     if not pool.stopping:
                         outcome = self.execute(run)
@@ -166,7 +169,6 @@ class _Thread:
     def execute(self, run: Run) -> Outcome:
         pool = self.pool
         self.run = run
-        run.thread = self
         run.start_clock(pool.defaults)
         try:
             prepared = prepare_run(

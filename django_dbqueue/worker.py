@@ -255,11 +255,10 @@ class Worker:
                 next_claim = 0.0
 
     def _claim_size(self) -> int:
-        """How many jobs to claim now: none while every slot has its job (running or
-        waiting) or a job asked to stop runs on (the process may end for it); else one
-        per free slot plus as many as the slots run in about ``batch_window`` (by the
-        recent average run), so a freed slot finds its next job waiting, at most
-        ``--batch`` per slot in all; one in all with ``--once``."""
+        """How many jobs to claim: none while every slot has its job or a job asked to stop
+        runs on (the process may end for it); else one per free slot plus what the slots
+        run in about ``batch_window`` (by the recent average run), so a freed slot finds
+        its next job waiting; at most ``--batch`` per slot; one in all with ``--once``."""
         executor, options = self.executor, self.options
         slots, busy = executor.capacity, executor.busy
         if executor.draining or busy >= slots:
@@ -400,8 +399,8 @@ class Worker:
         self.executor.submit(runnable)
 
     def _collect(self) -> bool:
-        """Record the outcomes of the jobs that ended (a one-slot executor runs its next job
-        now); give back those that did not start. Tell whether any ended."""
+        """Record the outcomes of the jobs that ended (one slot: run the next one now), give
+        back those not started; tell whether any ended."""
         finished = self.executor.collect()
         for job, outcome in finished:
             self.heartbeat.stopped(job)
@@ -437,9 +436,11 @@ class Worker:
         return True
 
     def _release_claimed(self) -> None:
-        """Give back the jobs handed to the executor and not started."""
+        """Give back the jobs handed to the executor that no thread or loop took."""
+        self.executor.stopping = True
         for run in self.executor.abandon():
-            self._give_back(run.job)
+            if run.thread is None and not run.on_loop:
+                self._give_back(run.job)
 
     def _give_back(self, job: Job) -> None:
         self.outages.give_back(job)
