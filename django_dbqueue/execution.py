@@ -8,16 +8,14 @@ import faulthandler
 import functools
 import inspect
 import logging
-import math
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError
@@ -73,198 +71,23 @@ class Outcome:
         return f"{cls.__module__}.{cls.__qualname__}"
 
 
-class JobTimer:
-    """The one-job worker's watch over the job that runs in its main thread.
+class Timer(Protocol):
+    """What watches a run's time: ``inline.JobTimer``, or a pool's thread."""
 
-    Nothing is ever raised into the job's code: an exception raised there at an
-    arbitrary point (inside a query, between a library's ``lock.acquire()`` and its
-    ``try``) would leave a broken connection or a held lock to every later job of
-    the process. At the job's timeout, or when ``ask_to_stop`` names it (a hard
-    cancel, a second stop signal), the job is asked to stop: its context's
-    ``cancel_requested`` turns true, and ``check_cancelled()`` or ``progress()``
-    end it with that reason. A job still running ``grace`` seconds later is handed
-    to ``on_stuck(prepared, reason)`` in the timer's own thread, which records it
-    and ends the process (the worker's ``_end_stuck_job``); the main thread never
-    comes back from that job. Code that keeps the interpreter itself from running
-    (C code holding the GIL) stops that thread too: then faulthandler's C thread
-    ends the process ``LAST_RESORT_SLACK`` seconds later, and the job is reclaimed.
-
-    A worker enters one timer for its life. Each job costs a lock and a few
-    assignments: the thread is woken only when a deadline comes sooner than the
-    one it sleeps until, and faulthandler (a thread started on every arming) is
-    armed with ``HARD_STOP_SLACK`` to spare, so jobs that follow each other
-    quickly share one arming. ``pause`` disarms it before the worker waits or
-    talks to the database between jobs. Every request names the run it is for,
-    compared under the lock with the run inside ``limit`` (job id and attempts):
-    a stop meant for one job never reaches the next. Without ``on_stuck`` a run
-    past its grace is only asked to stop.
-    """
-
-    def __init__(self, grace: float, on_stuck: Callable[[Prepared, BaseException], None] | None = None) -> None:
-        self.grace = grace
-        self._on_stuck = on_stuck
-        # Reentrant: a stop signal's handler runs in the main thread, perhaps inside ``limit``.
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
-        # The run inside ``limit``, its deadlines (monotonic) and why it was asked to stop.
-        self._prepared: Prepared | None = None
-        self._seconds: int | None = None
-        self._soft_at: float | None = None
-        self._hard_at: float | None = None
-        self._reason: BaseException | None = None
-        # The thread took the run over: it records it and ends the process.
-        self._taken = False
-        self._sleeping_until = math.inf
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        # Monotonic time at which faulthandler fires; 0 when it is not armed.
-        self._hard_stop_at = 0.0
-
-    def __enter__(self) -> JobTimer:
-        # The thread starts with the worker, not with its first job: creating a thread
-        # blocks every signal in the creating thread for a moment, and a stop signal
-        # that arrives then goes to another thread, which cannot wake the main thread
-        # from a job's sleep (the suspected cause of a first SIGTERM, seen once in CI,
-        # that was not handled until the job ended).
-        with self._lock:
-            self._closed = False
-            self._wake_for(math.inf)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.pause()
-        with self._lock:
-            self._closed = True
-            self._changed.notify()
-
-    def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
-        """Ask this reservation of ``job`` to stop, with ``reason``, if it runs under this
-        timer now, and hand it to ``on_stuck`` if it still runs ``grace`` seconds later;
-        callable from any thread. False when ``job`` does not run here (it ended, or
-        another run has started since)."""
-        with self._lock:
-            prepared = self._prepared
-            if self._taken or prepared is None or (prepared.job.pk, prepared.job.attempts) != (job.pk, job.attempts):
-                return False
-            if self._reason is None:
-                self._reason = reason
-            hard_at = time.monotonic() + self.grace
-            if self._hard_at is None or hard_at < self._hard_at:
-                self._hard_at = hard_at
-                self._arm(hard_at)
-            self._wake_for(hard_at)
-            return True
-
-    def asked_to_stop(self, job: Job) -> bool:
-        """Tell whether this reservation of ``job`` was asked to stop (its cancel probe)."""
-        with self._lock:
-            prepared = self._prepared
-            return (
-                self._reason is not None
-                and prepared is not None
-                and (prepared.job.pk, prepared.job.attempts) == (job.pk, job.attempts)
-            )
-
-    @contextmanager
-    def limit(self, prepared: Prepared, seconds: int | None) -> Iterator[None]:
-        """Watch ``prepared``'s run inside (``seconds``: its timeout; None or 0: none)."""
-        now = time.monotonic()
-        with self._lock:
-            self._prepared, self._seconds, self._reason = prepared, seconds, None
-            self._soft_at = now + seconds if seconds else None
-            self._hard_at = now + seconds + self.grace if seconds else None
-            if self._soft_at is not None:
-                self._wake_for(self._soft_at)
-        if seconds:
-            assert self._hard_at is not None
-            # Keep the armed faulthandler if it fires after this job's last resort, and
-            # not more than HARD_STOP_SLACK later.
-            needed = self._hard_at + LAST_RESORT_SLACK
-            if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
-                self._arm(self._hard_at, spare=HARD_STOP_SLACK)
-        else:
-            # An arming for an earlier job must not end this one.
-            self.pause()
-        try:
-            yield
-        except JobCancelled as exc:
-            # The job stopped itself after it was asked to: it ends with the reason it was asked for.
-            with self._lock:
-                reason = self._reason
-            if reason is not None and not isinstance(reason, JobCancelled):
-                raise reason from exc
-            raise
-        finally:
-            with self._lock:
-                taken = self._taken
-                if not taken:
-                    self._prepared = self._reason = self._soft_at = self._hard_at = None
-            if taken:
-                # The timer's thread records this run and ends the process; nothing
-                # after the run may touch the queue meanwhile.
-                threading.Event().wait()
-
-    def pause(self) -> None:
-        """Disarm faulthandler until the next job (not once a stuck job is being recorded)."""
-        if self._hard_stop_at and not self._taken:
-            faulthandler.cancel_dump_traceback_later()
-            self._hard_stop_at = 0.0
-
-    def _arm(self, hard_at: float, *, spare: float = 0.0) -> None:
-        """Make faulthandler end the process ``LAST_RESORT_SLACK`` seconds after ``hard_at``."""
-        at = hard_at + LAST_RESORT_SLACK + spare
-        hard_stop_later(max(0.001, at - time.monotonic()))
-        self._hard_stop_at = at
-
-    def _wake_for(self, at: float) -> None:
-        # Under the lock. The thread starts when the timer is entered (again after it ended).
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._watch, name="dbqueue-timer", daemon=True)
-            self._thread.start()
-        elif at < self._sleeping_until:
-            self._changed.notify()
-
-    def _watch(self) -> None:
-        with self._lock:
-            while not self._closed:
-                now = time.monotonic()
-                prepared = self._prepared
-                if prepared is not None and self._reason is None and self._soft_at is not None and self._soft_at <= now:
-                    self._reason = JobTimeout(
-                        f"the job ran longer than its timeout of {self._seconds} s and was stopped"
-                    )
-                    logger.warning(
-                        "job=%s id=%s ran past its timeout of %ss: asked to stop; its process ends in %ss "
-                        "unless it does",
-                        prepared.job.name,
-                        prepared.job.pk,
-                        self._seconds,
-                        self.grace,
-                    )
-                if prepared is not None and self._hard_at is not None and self._hard_at <= now:
-                    if self._on_stuck is not None:
-                        self._taken = True
-                        break
-                    self._hard_at = None
-                due = self._soft_at if self._reason is None else self._hard_at
-                self._sleeping_until = math.inf if due is None else due
-                self._changed.wait(None if due is None else max(0.0, due - now))
-            else:
-                return
-            reason = self._reason
-        assert self._on_stuck is not None and reason is not None
-        try:
-            self._on_stuck(prepared, reason)
-        except Exception:  # faulthandler ends the process anyway
-            logger.exception("job=%s id=%s: its outcome could not be recorded", prepared.job.name, prepared.job.pk)
+    def limit(self, prepared: Prepared, seconds: int | None) -> AbstractContextManager[None]: ...
 
 
-# Seconds a faulthandler arming for one job may outlast that job's last resort,
-# so the jobs after it within that time need no new arming.
-HARD_STOP_SLACK = 1.0
-# Seconds faulthandler leaves the timer's thread, after a job's grace, to record
-# the job and end the process in order, before it ends the process itself.
-LAST_RESORT_SLACK = 5.0
+@contextmanager
+def ends_as_asked(asked: Callable[[], BaseException | None]) -> Iterator[None]:
+    """A job that stopped itself (``check_cancelled``) after it was asked to ends with the
+    reason it was asked for (a timeout, a second stop signal)."""
+    try:
+        yield
+    except JobCancelled as exc:
+        reason = asked()
+        if reason is not None and not isinstance(reason, JobCancelled):
+            raise reason from exc
+        raise
 
 
 def hard_stop_later(seconds: float) -> None:
@@ -277,14 +100,6 @@ def hard_stop_later(seconds: float) -> None:
             # A stream without a file descriptor (a test's capture, an embedding host).
             continue
     logger.warning("no file descriptor for faulthandler: a job stuck in C code cannot be ended after its timeout")
-
-
-def prepare(job: Job) -> tuple[JobDefinition[..., Any], dict[str, Any], tuple[Any, ...], dict[str, Any]]:
-    """Find the definition and arguments of ``job``; raise a permanent error if it cannot run."""
-    definition = registry.get(job.name)
-    envelope = payload.decode(job.payload)
-    args, kwargs = payload.arguments(envelope, definition.func)
-    return definition, envelope, args, kwargs
 
 
 @functools.lru_cache(maxsize=1024)
@@ -346,44 +161,26 @@ class Prepared:
 
     def make_context(self) -> JobContext:
         if self.context is None:
-            self.context = _new_context(
-                self.job,
-                self.tries,
-                self.worker_id,
-                self.tracker,
-                self.chain,
-                self.step,
-                self.steps,
-                self.args,
-                self.kwargs,
-                self.cancel_probe,
-                _batch_of(self.job, self.envelope),
+            job, chain = self.job, self.chain
+            batch_of = self.envelope.get("batch_of")  # the batch of a batch callback
+            self.context = JobContext(
+                job_id=job.pk,
+                name=job.name,
+                queue=job.queue,
+                attempt=job.attempts,
+                tries=self.tries,
+                worker_id=self.worker_id,
+                tracker=self.tracker,
+                chain_id=chain["id"] if chain else None,
+                step=self.step,
+                steps=self.steps,
+                given_back=job.given_back,
+                args=self.args,
+                kwargs=MappingProxyType(self.kwargs),
+                cancel_probe=self.cancel_probe,
+                batch_id=int(job.batch_id) if job.batch_id else batch_of if isinstance(batch_of, int) else None,
             )
         return self.context
-
-
-def execute(
-    job: Job,
-    *,
-    worker_id: str,
-    defaults: Defaults,
-    timer: JobTimer | None = None,
-    cancel_probe: Callable[[], int] | None = None,
-) -> Outcome:
-    """Run ``job`` and return what should happen to it. Never raises for the job's fault.
-
-    ``timer`` is the worker's long-lived ``JobTimer`` (or a pool thread); without
-    one, a timer is set up for this run alone, which only asks the job to stop at
-    its timeout.
-    ``cancel_probe`` tells the job's context whether a cancel request was seen.
-    """
-    if timer is None:
-        with JobTimer(defaults.timeout_grace) as own_timer:
-            return execute(job, worker_id=worker_id, defaults=defaults, timer=own_timer, cancel_probe=cancel_probe)
-    prepared = prepare_run(job, worker_id=worker_id, defaults=defaults, cancel_probe=cancel_probe)
-    if isinstance(prepared, Outcome):
-        return prepared
-    return run_prepared(prepared, defaults, timer)
 
 
 def prepare_run(
@@ -396,27 +193,15 @@ def prepare_run(
     envelope: dict[str, Any] = {}
     tries = job.tries_allowed(defaults.tries)
     try:
-        definition, envelope, args, kwargs = prepare(job)
+        definition = registry.get(job.name)
+        envelope = payload.decode(job.payload)
+        args, kwargs = payload.arguments(envelope, definition.func)
         chain, step, steps = chain_position(envelope)
         tracker = Tracker(job.pk, chain)
-        prepared = Prepared(
-            job,
-            definition,
-            envelope,
-            args,
-            kwargs,
-            tries,
-            started,
-            tracker,
-            None,
-            worker_id,
-            chain,
-            step,
-            steps,
-            cancel_probe,
-        )
-        # Built only when used, by the job or by middleware: a frozen dataclass of
-        # a dozen fields costs about 3 µs, a fifth of a bare run's overhead.
+        prepared = Prepared(job, definition, envelope, args, kwargs, tries, started, tracker, None, worker_id, chain)
+        prepared.step, prepared.steps, prepared.cancel_probe = step, steps, cancel_probe
+        # Built only when used, by the job or by middleware: it is a measurable share of
+        # a bare run's overhead (docs/performance.md).
         if definition.takes_context:
             prepared.args = (prepared.make_context(), *args)
         check_signature(definition, prepared.args, kwargs)
@@ -440,7 +225,7 @@ def prepare_run(
     return outcome
 
 
-def run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) -> Outcome:
+def run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outcome:
     """Call a prepared job in this thread, inside its middleware and under ``timer``."""
     if not tracing.enabled:
         return _run_prepared(prepared, defaults, timer)
@@ -454,7 +239,7 @@ def run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) 
     return outcome
 
 
-def _run_prepared(prepared: Prepared, defaults: Defaults, timer: JobTimer | Any) -> Outcome:
+def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outcome:
     definition = prepared.definition
     try:
         with timer.limit(prepared, prepared.timeout or defaults.timeout):
@@ -554,46 +339,6 @@ def outcome_of(prepared: Prepared, exc: BaseException, defaults: Defaults) -> Ou
     if isinstance(exc, PERMANENT_ERRORS):
         return _failed(exc, started, _traceback(exc), tracker)
     return _after_error(prepared.job, exc, prepared.envelope, prepared.tries, defaults, started, tracker)
-
-
-def _new_context(
-    job: Job,
-    tries: int,
-    worker_id: str,
-    tracker: Tracker,
-    chain: dict[str, Any] | None,
-    step: int,
-    steps: int,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    cancel_probe: Callable[[], int] | None = None,
-    batch_id: int | None = None,
-) -> JobContext:
-    return JobContext(
-        job_id=job.pk,
-        name=job.name,
-        queue=job.queue,
-        attempt=job.attempts,
-        tries=tries,
-        worker_id=worker_id,
-        tracker=tracker,
-        chain_id=chain["id"] if chain else None,
-        step=step,
-        steps=steps,
-        given_back=job.given_back,
-        args=args,
-        kwargs=MappingProxyType(kwargs),
-        cancel_probe=cancel_probe,
-        batch_id=batch_id,
-    )
-
-
-def _batch_of(job: Job, envelope: dict[str, Any]) -> int | None:
-    """The batch of a member, or of a batch callback."""
-    if job.batch_id:
-        return int(job.batch_id)
-    of = envelope.get("batch_of")
-    return of if isinstance(of, int) else None
 
 
 def _call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

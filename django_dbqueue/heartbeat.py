@@ -1,16 +1,11 @@
 """A worker's heartbeat: while the worker lives, it extends every reservation it holds.
 
-Without it, ``retry_after`` would have to outlast the longest run, or a live
-worker's job would be reclaimed and run a second time in parallel. With it,
-``retry_after`` is how long a worker may stay silent before its jobs are
-presumed dead: the heartbeat dies with its process, and the reservations then
-expire as before.
-
-One thread per worker covers everything the worker holds: the job running,
-jobs claimed in a batch and waiting their turn, and jobs that ran and wait for
-the batch's DELETE. It beats with one UPDATE for all of them, and only when a
-held job's reservation is a third of its ``retry_after`` old, so a worker busy
-with short jobs never beats at all.
+Without it ``retry_after`` would have to outlast the longest run, or a live worker's
+job would be reclaimed and run twice in parallel; with it, ``retry_after`` is how
+long a worker may stay silent before its jobs are presumed dead. One thread per
+worker covers all it holds (running, claimed ahead, waiting for their DELETE) with
+one UPDATE, and only once a held reservation is a third of its ``retry_after``
+old, so a worker busy with short jobs never beats at all.
 """
 
 from __future__ import annotations
@@ -52,14 +47,9 @@ def beat_interval(retry_after: float) -> float:
 
 
 class Heartbeat:
-    """Extend the reservations ``worker_id`` holds, from a thread, until ``stop``.
-
-    ``hold`` adds claimed jobs and ``drop`` removes a job once its outcome is
-    stored (or given up). The thread has its own database connection (Django's
-    are per thread), so a beat is never part of the worker's transactions; it
-    opens it at the first beat and closes it when it stops. ``interval``
-    overrides the beat interval of every job (tests).
-    """
+    """Extend the reservations ``worker_id`` holds (``hold``, until ``drop``), from a
+    thread with its own connection, so a beat is never part of the worker's
+    transactions. ``interval`` overrides every job's beat interval (tests)."""
 
     def __init__(
         self,
@@ -190,6 +180,27 @@ class Heartbeat:
             # The row went unrefreshed long enough for idle workers to reclaim early.
             return False
         return now < entry[1] + job.retry_after - LEASE_MARGIN
+
+    # -- the worker's row --------------------------------------------------------
+
+    def register(self) -> None:
+        """Write the worker's row as it starts (or the first beat does, once the database answers)."""
+        try:
+            workers.register(self.worker_id, self.queues or [], self.options, self.stats)
+        except DatabaseError as exc:
+            logger.warning("worker row not written worker_id=%s: %s", self.worker_id, error_text(exc))
+
+    def unregister(self) -> None:
+        """Write the history counts not written yet and delete the worker's row (a clean stop)."""
+        try:
+            if self.recorder is not None:
+                self.recorder.flush()
+        except DatabaseError as exc:
+            logger.warning("history not written worker_id=%s: %s", self.worker_id, error_text(exc))
+        try:
+            workers.unregister(self.worker_id)
+        except DatabaseError as exc:
+            logger.warning("worker row not removed worker_id=%s: %s", self.worker_id, error_text(exc))
 
     # -- the thread ------------------------------------------------------------
 

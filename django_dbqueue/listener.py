@@ -21,6 +21,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from . import conf
+from .claims import forget_paused
 from .db import alias, drop_connection, error_text
 
 logger = logging.getLogger("django_dbqueue")
@@ -84,8 +85,6 @@ class Listener:
             logger.debug("reading notifications failed: %s", error_text(exc))
             self._forget()
         if queues:
-            from .claims import forget_paused
-
             # A resume notifies its queue: the next claim reads the paused queues again.
             forget_paused(queues)
         return len(queues)

@@ -1,12 +1,10 @@
-"""Middleware: code wrapped around every run of a job.
+"""Middleware: code wrapped around every run of a job, inside its timeout.
 
-A middleware is a callable ``middleware(context, call_next)``: ``context`` is
-the run's ``JobContext`` and ``call_next()`` runs the rest of the stack (the
-next middleware, and at the end the job itself), returning the job's result.
-What the middleware returns is the run's result; what it raises is the run's
-failure. ``DBQUEUE["MIDDLEWARE"]`` wraps every job, outermost first; a job's
-own ``@job(middleware=[...])`` runs inside those. All of it runs inside the
-job's timeout.
+A middleware is a callable ``middleware(context, call_next)``: ``context`` is the
+run's ``JobContext``, ``call_next()`` runs the rest of the stack and returns the
+job's result; what the middleware returns or raises is the run's. ``DBQUEUE
+["MIDDLEWARE"]`` wraps every job, outermost first; a job's own
+``@job(middleware=[...])`` runs inside those.
 """
 
 from __future__ import annotations

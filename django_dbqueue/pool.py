@@ -1,29 +1,24 @@
-"""Run many jobs at once in one worker process: sync jobs in threads, ``async def``
-jobs on one event loop (``queue_work --threads N --async-concurrency M``).
+"""The executors a worker runs its claimed jobs on: ``Inline``, one slot in the main
+thread, or ``Pool``, N slots (``queue_work --threads N --async-concurrency M``):
+sync jobs in threads, ``async def`` jobs on one event loop.
 
-The worker's main thread stays the only one that claims jobs and stores
-outcomes; the pool only runs them. It hands each claimed job to a free thread
-(or to the event loop), and the thread hands back an ``Outcome``; the worker
-collects outcomes between claims, so a process that runs 32 jobs at once still
-deletes finished jobs and claims new ones with one statement per round trip.
+The worker's main thread stays the only one that claims jobs and stores outcomes;
+an executor only runs them, and hands back an ``Outcome`` per job, so a process that
+runs 32 jobs at once still deletes finished jobs and claims new ones with one
+statement per round trip.
 
-Timeouts, hard cancels, a second stop signal. A thread cannot be killed, and no
-exception is ever raised into one: raised at an arbitrary point of a job (inside
-a query, between a library's ``lock.acquire()`` and its ``try``) it would leave
-a broken connection or a held lock to the thread's next jobs. The job is asked
-to stop instead (``Run.reason``: its context's ``cancel_requested`` turns true,
-and ``check_cancelled()`` or ``progress()`` end it with that reason), and while
-a thread job has been asked and runs on, the pool starts no other job and the
-worker claims none. A job still running ``timeout_grace`` seconds later makes
-the worker end the process in order: the jobs asked to stop are recorded with
-their reason (timed out: a try spent; cancelled: failed), every other job the
-process holds is given back without spending a try, and the process exits with
-``EXIT_TIMED_OUT`` for its supervisor (``--concurrency``, systemd, Kubernetes)
-to start a fresh one. An asyncio job is cancelled at its next ``await``
-(``asyncio.timeout``, ``Task.cancel``), a point the job's code defines; one that
-blocks the loop is as stuck as such a thread. If the interpreter itself is
-blocked (C code holding the GIL), ``faulthandler`` ends the process a little
-later, as in a one-job worker.
+Timeouts, hard cancels, a second stop signal. No exception is ever raised into a
+job's thread: raised at an arbitrary point (inside a query, between a library's
+``lock.acquire()`` and its ``try``) it would leave a broken connection or a held
+lock to the thread's next jobs. The job is asked to stop instead (its context's
+``cancel_requested`` turns true, and ``check_cancelled()`` or ``progress()`` end it
+with that reason); while a thread job asked to stop runs on, no other job starts
+and the worker claims none. A job still running ``timeout_grace`` seconds later
+makes the worker end the process in order (``Worker._end_stuck``), for its
+supervisor (``--concurrency``, systemd, Kubernetes) to start a fresh one. An
+asyncio job is cancelled at its next ``await``, a point the job's code defines; one
+that blocks the loop is as stuck as such a thread. If the interpreter itself is
+blocked (C code holding the GIL), ``faulthandler`` ends the process a little later.
 """
 
 from __future__ import annotations
@@ -37,16 +32,16 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol, Self
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections
 
-from . import registry
+from . import progress, registry
 from .db import caused_by_lost_connection, drop_connection
-from .exceptions import JobCancelled, JobTimeout, WorkerStopped
+from .exceptions import JobTimeout, WorkerStopped
 from .execution import (
     Defaults,
     Outcome,
@@ -54,6 +49,7 @@ from .execution import (
     arun_prepared,
     cancel_reason,
     cancel_task,
+    ends_as_asked,
     hard_stop_later,
     outcome_of,
     prepare_run,
@@ -113,6 +109,33 @@ class Run:
             self.hard_at = time.monotonic() + seconds + defaults.timeout_grace
 
 
+class Executor(Protocol):
+    """What the worker loop asks of its executor, entered for the worker's life."""
+
+    @property
+    def capacity(self) -> int: ...  # slots: jobs run at once
+
+    # Set when the worker stops starting jobs: those not started come back unrun.
+    stopping: bool
+
+    @property
+    def busy(self) -> int: ...  # handed over and not collected: running or waiting for a slot
+    @property
+    def draining(self) -> bool: ...  # a job asked to stop runs on: none starts, none is claimed
+    @property
+    def has_outcomes(self) -> bool: ...  # ``collect`` has something to do now
+
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+    def submit(self, jobs: list[Job]) -> None: ...
+    def collect(self) -> list[tuple[Job, Outcome | None]]: ...  # None: not started
+    def ask_to_stop(self, job: Job, reason: BaseException) -> bool: ...
+    def ask_all_to_stop(self, reason_for: Callable[[Job], BaseException]) -> None: ...
+    def check_deadlines(self) -> tuple[Run | None, float | None]: ...  # a stuck run; when to look again
+    def abandon(self) -> list[Run]: ...  # forget every job handed over, for the worker to settle
+    def pause(self) -> None: ...  # the worker waits, or talks to the database, between jobs
+
+
 class _Thread:
     """One pool thread: runs jobs from the pool's queue, one at a time."""
 
@@ -131,6 +154,9 @@ class _Thread:
                 # Not while a job asked to stop runs on: its process may end for it.
                 pool._may_start.wait()
                 outcome: Outcome | None = None
+                # Taken before the look at ``stopping``: a worker that stops gives back only
+                # the runs no thread took (see Worker._release_claimed).
+                run.thread = self
                 try:
                     if not pool.stopping:
                         outcome = self.execute(run)
@@ -143,7 +169,6 @@ class _Thread:
     def execute(self, run: Run) -> Outcome:
         pool = self.pool
         self.run = run
-        run.thread = self
         run.start_clock(pool.defaults)
         try:
             prepared = prepare_run(
@@ -162,19 +187,11 @@ class _Thread:
 
     # -- the timer interface execution.run_prepared uses (see JobTimer) --------
 
-    @contextmanager
-    def limit(self, prepared: Prepared, seconds: int | None) -> Iterator[None]:
+    def limit(self, prepared: Prepared, seconds: int | None) -> AbstractContextManager[None]:
         # The deadlines were set as the run started; the main thread watches them.
         run = self.run
         assert run is not None
-        try:
-            yield
-        except JobCancelled as exc:
-            # The job stopped itself after it was asked to: it ends with the reason it was asked for.
-            reason = run.reason
-            if reason is not None and not isinstance(reason, JobCancelled):
-                raise reason from exc
-            raise
+        return ends_as_asked(lambda: run.reason)
 
 
 def _internal_error(run: Run, exc: BaseException) -> Outcome:
@@ -262,10 +279,14 @@ class Pool:
         self._last_resort_due = 0.0
         self._last_resort_lock = threading.Condition()
         self._last_resort_keeper: threading.Thread | None = None
+        self._writer: AbstractContextManager[None] = nullcontext()
 
     # -- life ------------------------------------------------------------------
 
-    def start(self) -> Pool:
+    def __enter__(self) -> Pool:
+        """Start the threads and the loop; all jobs write progress through one connection."""
+        self._writer = progress.share_writer()
+        self._writer.__enter__()
         for number in range(self.threads):
             pool_thread = _Thread(self, number + 1)
             self._pool_threads.append(pool_thread)
@@ -276,11 +297,14 @@ class Pool:
             self._loop_thread.start()
         return self
 
-    def __enter__(self) -> Pool:
-        return self
-
     def __exit__(self, *exc_info: object) -> None:
-        self.stop(wait=1.0)
+        try:
+            self.stop(wait=1.0)
+        finally:
+            self._writer.__exit__(None, None, None)
+
+    def pause(self) -> None:
+        pass  # the last resort is armed only while runs are past a deadline (check_deadlines)
 
     def stop(self, wait: float = 5.0) -> None:
         """End the threads and the loop (after the jobs they run, up to ``wait`` seconds)."""

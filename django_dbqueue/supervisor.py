@@ -20,7 +20,8 @@ from types import FrameType
 from django.db import DatabaseError, connections
 
 from .lifecycle import reclaim_worker
-from .worker import EXIT_TIMED_OUT, StopReason, Worker, WorkerOptions, new_worker_id
+from .worker import EXIT_TIMED_OUT, StopReason, Worker, WorkerOptions
+from .workers import new_worker_id
 
 logger = logging.getLogger("django_dbqueue")
 

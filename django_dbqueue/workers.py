@@ -1,22 +1,16 @@
-"""Live workers: one ``QueueWorker`` row per worker process, so operators (the
-admin's dashboard, ``queue_monitor``, ``queue_health``, the metrics view) can
-tell who serves which queues, how much each did, and what it runs now.
+"""Live workers: one ``QueueWorker`` row per worker process, so operators (the admin's
+dashboard, ``queue_monitor``, ``queue_health``, the metrics view) see who serves
+which queues, how much each did, and what it runs now.
 
-A worker writes its row when it starts, its heartbeat thread refreshes it every
-``beat_seconds()`` (``DBQUEUE["WORKER_BEAT"]``, 10 s) with ``last_seen_at`` and
-its counts, and the worker deletes it when it stops. A killed worker leaves its
-row behind: the row is **dead** once ``last_seen_at`` is ``dead_after()`` (three
-beats) old, and idle workers delete it after ``PRUNE_AFTER``.
-
-Early reclaim: a dead worker's reservations are released (or failed, once
-their tries are spent) by idle workers at once, without waiting for each job's
-``retry_after``. Safely means: both times are read from the database's clock,
-so skewed host clocks do not matter; and a worker that cannot refresh its row
+A worker writes its row as it starts, its heartbeat refreshes it every
+``beat_seconds()`` (``DBQUEUE["WORKER_BEAT"]``), and it deletes it as it stops. A
+killed worker's row is **dead** once ``last_seen_at`` is ``dead_after()`` (three
+beats) old: idle workers then release or fail its reservations at once (early
+reclaim), and delete the row after ``PRUNE_AFTER``. Both times are the database's,
+so skewed host clocks do not matter; and a worker that could not refresh its row
 for ``dead_after()`` counts its own reservations as possibly taken
-(``Heartbeat.lease_safe``), as it does once ``retry_after`` passed, so it
-never reports an outcome another worker may have produced. A live worker cut
-off from the database for longer than that may still be running a job that is
-run again elsewhere: the same at-least-once as after ``retry_after``, sooner.
+(``Heartbeat.lease_safe``), so it never reports an outcome another worker may have
+produced.
 """
 
 from __future__ import annotations
@@ -24,18 +18,21 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
+import secrets
 import socket
 import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+from django.db import DatabaseError
 from django.db.models import Q
 
-from . import conf
-from .db import DbNow
+from . import concurrency, conf, handles, history, progress
+from .db import DbNow, error_text
 from .lifecycle import reclaim_worker
-from .models import Job, QueueWorker
+from .models import FlowLimit, Job, QueueWorker
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -100,6 +97,21 @@ class Stats:
                 "running": len(self._running),
                 "current_job": f"{oldest[2]} #{oldest[1]}"[:255] if oldest else "",
             }
+
+
+def new_worker_id(pid: int | None = None, token: str | None = None) -> str:
+    """Return an id naming a worker process: host, pid and a random part."""
+    return f"{socket.gethostname()[:60]}:{pid or os.getpid()}:{token or secrets.token_hex(3)}"
+
+
+def memory_mb() -> float:
+    """Resident memory of this process in MB."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 1024 / 1024
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def hostname() -> str:
@@ -197,3 +209,36 @@ def forget_reclaim() -> None:
     """Let the next ``reclaim_dead`` look at once (tests)."""
     global _reclaimed_at
     _reclaimed_at = 0.0
+
+
+# Hours after which the rows pruned without a setting go: worker rows of workers gone
+# that long, and flow-limit rows no claim used for a day (a rate bucket is full again
+# long before; a concurrency key no job names holds no slot).
+FIXED_PRUNE_HOURS = {"worker rows": PRUNE_AFTER / 3600, "flow limit rows": 24.0}
+
+
+def prune_old_rows() -> None:
+    """Delete old rows (an idle worker does, now and then): progress, results and history
+    as DBQUEUE["PROGRESS_MAX_AGE"], ["RESULT_MAX_AGE"] and ["HISTORY_MAX_AGE"] say, and
+    the rows of ``FIXED_PRUNE_HOURS``."""
+    for setting, what, prune_rows in (
+        ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
+        ("RESULT_MAX_AGE", "results", handles.prune_results),
+        (None, "worker rows", lambda hours: prune(hours * 3600)),
+        ("HISTORY_MAX_AGE", "history rows", history.prune),
+        (None, "flow limit rows", _prune_flow_limits),
+    ):
+        max_age = conf.get(setting) if setting is not None else FIXED_PRUNE_HOURS[what]
+        if max_age is None:
+            continue
+        try:
+            count = prune_rows(float(max_age))
+        except DatabaseError as exc:
+            logger.warning("prune of %s failed: %s", what, error_text(exc))
+            continue
+        if count:
+            logger.info("pruned %s=%s older_than_hours=%s", what.replace(" ", "_"), count, max_age)
+
+
+def _prune_flow_limits(hours: float) -> int:
+    return FlowLimit.objects.prune(older_than=timedelta(hours=hours), concurrency_prefix=concurrency.PREFIX)

@@ -39,6 +39,14 @@ def run_worker(queues: list[str] | None = None, **overrides: Any) -> tuple[Worke
     return worker, reason
 
 
+def claim(worker: Worker) -> list[Any]:
+    """Claim as the worker loop does, and hand the jobs to the worker's executor (a one-slot
+    worker then runs one each time ``worker._collect()`` is called)."""
+    jobs = worker.reserve(worker._claim_size())
+    worker._submit(jobs)
+    return jobs
+
+
 class WorkerProcess:
     """A real ``queue_work`` process on the test database."""
 

@@ -235,7 +235,7 @@ def assert_each_job_ran_once(expected_keys: set[str], logs: str) -> dict[str, in
     for match in OUTCOME.finditer(logs):
         attempts[match["id"]].append((int(match["attempt"]), match["outcome"], match["error"]))
     # A claim whose commit reached the server while the reply was lost is given back
-    # unrun by its worker (Worker._release_lost_claims): an attempt without a run.
+    # unrun by its worker (Outages.release_lost_claims): an attempt without a run.
     for match in LOST_CLAIM.finditer(logs):
         attempts[match["id"]].append((int(match["attempt"]), "given_back", None))
     assert len(attempts) == len(expected_keys), "a job's outcome was never logged"
@@ -418,8 +418,8 @@ def test_after_a_failed_reserve_a_worker_releases_its_lost_claims_but_not_a_job_
     Job.objects.filter(pk__in=[lost_claim.pk, unrecorded.pk]).update(
         attempts=1, reserved_at=Now(), reserved_by=worker.worker_id
     )
-    worker._unrecorded.add(unrecorded.pk)
-    worker._reserve_errors = 1
+    worker.outages.unrecorded.add(unrecorded.pk)
+    worker.outages.claim_errors = 1
     assert worker.reserve() == []
     assert Job.objects.get(pk=lost_claim.pk).reserved_at is None
     # It ran: leaving it to its retry_after, as the "giving up" log line says.

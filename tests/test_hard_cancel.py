@@ -20,7 +20,8 @@ import pytest
 
 from django_dbqueue import payload, signals
 from django_dbqueue.exceptions import JobCancelled
-from django_dbqueue.execution import Defaults, JobTimer, Prepared, prepare_run
+from django_dbqueue.execution import Defaults, Prepared, prepare_run
+from django_dbqueue.inline import JobTimer
 from django_dbqueue.models import CANCEL_HARD, FailedJob, Job
 from django_dbqueue.worker import Worker, WorkerOptions
 from tests.conftest import wait_until
@@ -179,7 +180,7 @@ def test_a_hard_cancel_of_the_job_before_stops_nothing_in_a_one_job_worker():
         # As the heartbeat's thread calls it: requests read for reservations that ended.
         for pk, attempts in ((earlier.id, 1), (running.id, 0)):
             worker._on_cancel(Job(pk=pk, attempts=attempts, name=jobs.record.name), CANCEL_HARD)
-        asked.append(worker._timer.asked_to_stop(Job(pk=running.id, attempts=1)))
+        asked.append(worker.executor.timer.asked_to_stop(Job(pk=running.id, attempts=1)))
 
     def on_start(sender, job, **kwargs):
         if job.pk == running.id:

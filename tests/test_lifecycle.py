@@ -18,7 +18,8 @@ from django.test import override_settings
 from django.utils import timezone, translation
 
 from django_dbqueue import JobContext, Snooze, checks, claims, job, payload
-from django_dbqueue.execution import Defaults, execute
+from django_dbqueue.execution import Defaults
+from django_dbqueue.inline import execute
 from django_dbqueue.middleware import JobLogFilter
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.registry import JobDefinition

@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 
 from django_dbqueue.models import FailedJob, Job
-from django_dbqueue.worker import MAX_GIVE_BACKS
-from tests.conftest import kill_session, run_worker, wait_until
+from django_dbqueue.outages import MAX_GIVE_BACKS
+from tests.conftest import claim, kill_session, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Run
 
@@ -77,10 +77,11 @@ def test_jobs_a_stopping_worker_gives_back_unrun_spend_no_try():
     from django_dbqueue.worker import Worker, WorkerOptions
 
     worker = Worker(WorkerOptions(queues=["default"], defaults=Defaults(tries=1, timeout=30, backoff=0), sleep=0))
-    worker._average_run = 0.001  # claim a batch at once
-    claimed = worker._next_job()
-    assert claimed is not None and len(worker._prefetched) == 2
-    worker._release_prefetched()
+    worker.outcomes.average_run = 0.001  # claim a batch at once
+    claimed, *others = claim(worker)
+    assert len(others) == 2
+    worker.executor.queued.popleft()  # it runs
+    worker._release_claimed()
     worker.heartbeat.stop()
     given_back = Job.objects.exclude(pk=claimed.pk)
     assert [(job.attempts, job.given_back, job.tries_spent) for job in given_back] == [(1, 1, 0), (1, 1, 0)]

@@ -188,7 +188,7 @@ def test_a_worker_that_lost_its_connection_takes_no_silent_worker_for_dead_until
         # a driver error without an SQLSTATE on PostgreSQL).
         lost = OperationalError("lost connection to the server")
         lost.__cause__ = Exception(2013, "Lost connection to server during query")
-        worker._database_trouble(lost, "reserve", 0)
+        worker.outages.trouble(lost, "reserve", 0)
     finally:
         os.close(worker._wake_r)
         os.close(worker._wake_w)

@@ -15,7 +15,7 @@ from django_dbqueue import enqueue_many, lifecycle, signals
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import Job
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
-from tests.conftest import needs_listen, run_worker, wait_until
+from tests.conftest import claim, needs_listen, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
@@ -25,7 +25,7 @@ def make_worker(batch: int, **options: float) -> Worker:
     worker = Worker(
         WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=30, backoff=0), batch=batch, **options)
     )
-    worker._average_run = 0.001
+    worker.outcomes.average_run = 0.001
     return worker
 
 
@@ -64,17 +64,13 @@ def test_round_trips_per_job_in_steady_state_are_pinned():
     SQLite the DELETE, a SELECT and a compare-and-set UPDATE per job."""
     enqueue_many(jobs.record.bind(f"r{i}") for i in range(20))
     worker = make_worker(batch=10, batch_window=60)
-    first = worker._next_job()
-    assert first is not None and len(worker._prefetched) == 9
+    assert len(claim(worker)) == 10
     with CaptureQueriesContext(connection) as queries:
-        worker.process(first)
-        for _ in range(9):
-            job = worker._next_job()
-            assert job is not None
-            worker.process(job)
-        following = worker._next_job()  # finishes these ten, claims the next ten
+        for _ in range(10):
+            assert worker._collect()  # runs the next job
+        following = claim(worker)  # finishes these ten, claims the next ten
     worker.heartbeat.stop()
-    assert following is not None and len(worker._prefetched) == 9
+    assert len(following) == 10 and worker.executor.busy == 10
     assert Run.objects.count() == 10 and Job.objects.count() == 10
     queue_work = {"postgresql": 1, "mysql": 1 + 4}.get(connection.vendor, 1 + 1 + 10)
     assert len(queries.captured_queries) == queue_work + 10  # and each job's INSERT
@@ -82,11 +78,11 @@ def test_round_trips_per_job_in_steady_state_are_pinned():
 
 @pytest.mark.parametrize(
     ("average_run", "batch", "claimed"),
-    [(0.001, 10, 10), (0.01, 10, 5), (0.02, 10, 2), (1.0, 10, 1), (0.001, 1, 1), (None, 10, 1)],
+    [(0.001, 10, 10), (0.01, 10, 6), (0.02, 10, 3), (1.0, 10, 1), (0.001, 1, 1), (None, 10, 1)],
 )
 def test_a_claim_takes_as_many_jobs_as_run_in_the_batch_window(average_run, batch, claimed):
     worker = make_worker(batch=batch)
-    worker._average_run = average_run
+    worker.outcomes.average_run = average_run
     assert worker.options.batch_window == 0.05
     assert worker._claim_size() == claimed
 
@@ -95,9 +91,10 @@ def test_a_claim_takes_as_many_jobs_as_run_in_the_batch_window(average_run, batc
 def test_prefetched_jobs_are_released_when_the_worker_stops():
     enqueue_many(jobs.record.bind(f"p{i}") for i in range(3))
     worker = make_worker(batch=3)
-    first = worker._next_job()
-    assert first is not None and len(worker._prefetched) == 2
-    worker._release_prefetched()
+    first, *claimed = claim(worker)
+    assert len(claimed) == 2
+    worker.executor.queued.popleft()  # it runs
+    worker._release_claimed()
     assert Job.objects.reserved().count() == 1
     assert Job.objects.waiting().count() == 2
     assert [job.pk for job in worker.heartbeat.held()] == [first.pk]
@@ -109,15 +106,13 @@ def test_prefetched_jobs_are_kept_alive_by_the_heartbeat_until_they_run():
     enqueue_many(jobs.record.using(retry_after=1).bind(f"s{i}") for i in range(2))
     worker = make_worker(batch=2)
     try:
-        first = worker._next_job()
-        assert first is not None and len(worker._prefetched) == 1
+        _, second = claim(worker)
         time.sleep(2.5)  # more than twice their retry_after
         assert Job.objects.expired() == [] and lifecycle.reclaim_expired() == 0
-        worker.process(first)
-        second = worker._next_job()
-        assert second is not None and second.attempts == 1
-        worker.process(second)
-        assert worker._next_job() is None  # deletes the batch, finds nothing more
+        worker._collect()  # runs the first
+        assert second.attempts == 1
+        worker._collect()
+        assert claim(worker) == []  # deletes the batch, finds nothing more
     finally:
         worker.heartbeat.stop()
     assert Run.objects.count() == 2 and not Job.objects.exists()
@@ -127,17 +122,15 @@ def test_prefetched_jobs_are_kept_alive_by_the_heartbeat_until_they_run():
 def test_a_job_whose_reservation_was_taken_is_left_alone_by_its_batchs_delete(caplog):
     enqueue_many(jobs.record.bind(f"t{i}") for i in range(3))
     worker = make_worker(batch=3, batch_window=60)
-    claimed = [worker._next_job(), worker._next_job(), worker._next_job()]
-    assert all(job is not None for job in claimed)
+    claimed = claim(worker)
+    assert len(claimed) == 3
     taken = claimed[2]
-    assert taken is not None
     # Reclaimed and reserved by another worker meanwhile.
     Job.objects.filter(pk=taken.pk).update(attempts=F("attempts") + 1, reserved_by="host:9:zzz")
     with caplog.at_level(logging.WARNING, logger="django_dbqueue"):
-        for job in claimed:
-            assert job is not None
-            worker.process(job)
-        assert worker._next_job() is None  # deletes the batch, finds nothing more
+        for _ in claimed:
+            worker._collect()  # runs the next job
+        assert claim(worker) == []  # deletes the batch, finds nothing more
     worker.heartbeat.stop()
     assert list(Job.objects.values_list("pk", flat=True)) == [taken.pk]
     assert any("reservation lost" in record.getMessage() for record in caplog.records)
@@ -197,9 +190,8 @@ def test_a_worker_that_cannot_finish_its_claimed_jobs_in_time_gives_the_rest_bac
     worker = make_worker(batch=3)
     monkeypatch.setattr("django_dbqueue.worker.STOP_FINISH", 0)
     worker.request_stop()
-    first = worker._next_job()  # claims three, as a worker that was just stopping would hold
-    assert first is not None
-    worker.process(first)
+    assert len(claim(worker)) == 3  # as a worker that was just stopping would hold
+    worker._collect()  # runs the first
     assert worker.run() is StopReason.SIGNAL
     assert Run.objects.count() == 1
     assert list(Job.objects.values_list("attempts", "reserved_at")) == [(1, None), (1, None)]
