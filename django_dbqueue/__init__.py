@@ -1,6 +1,6 @@
 """A job queue for Django that lives in the project's own database."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
     JobCancelled,
@@ -11,7 +11,17 @@ from .exceptions import (
     Snooze,
     UnknownQueue,
 )
-from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
+from .registry import JobCall, JobDefinition, job
+
+if TYPE_CHECKING:
+    from .batches import Batch, BatchClosed, BatchHandle, batch, get_batch
+    from .chains import Chain, chain
+    from .context import JobContext
+    from .enqueue import enqueue_many
+    from .handles import JobHandle, JobStatus, aget_job, get_job
+    from .pauses import pause_queue, paused_queues, resume_queue
+    from .progress import get_progress, progress_token, set_progress
+    from .schedules import periodic
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic version).
 __version__ = "0.1.0"
@@ -23,11 +33,13 @@ _LAZY = {
     "BatchClosed": "batches",
     "BatchHandle": "batches",
     "Chain": "chains",
+    "JobContext": "context",
     "JobHandle": "handles",
     "JobStatus": "handles",
     "aget_job": "handles",
     "batch": "batches",
     "chain": "chains",
+    "enqueue_many": "enqueue",
     "get_batch": "batches",
     "get_job": "handles",
     "get_progress": "progress",

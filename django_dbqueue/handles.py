@@ -41,7 +41,7 @@ from .db import DbNow
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
 
 if TYPE_CHECKING:
-    from .bulk import Row
+    from .insert import Row
 
 # A handle follows at most this many retries from FailedJob.
 MAX_RETRIES_FOLLOWED = 100

@@ -599,7 +599,7 @@ class JobManager(models.Manager["Job"]):
         queue instead of reading its index in order. ``enqueue_many`` inserts
         new calls faster with ``bulk.insert``.
         """
-        from .bulk import analyze_if_large
+        from .insert import analyze_if_large
 
         queryset = self.get_queryset()
         rows = list(jobs)
@@ -633,7 +633,7 @@ class JobManager(models.Manager["Job"]):
                     with transaction.atomic(using=using):
                         row.save(force_insert=True, using=using)
                 except IntegrityError as exc:
-                    from .bulk import holds_unique_key
+                    from .insert import holds_unique_key
 
                     if not holds_unique_key(exc, connections[using]):
                         raise
@@ -818,7 +818,7 @@ def _failed_values(job: Job) -> dict[str, Any]:
 
 
 def _failure_follow_ups(job: Job) -> list[Job]:
-    from .chains import follow_ups
+    from .rows import follow_ups
 
     return follow_ups(job, succeeded=False)
 

@@ -11,9 +11,9 @@ from django.db import connections, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 
 from . import conf, workers
-from .bulk import analyze_if_large
 from .db import DbNow, alias
 from .exceptions import FailedJobsNotFound
+from .insert import analyze_if_large
 from .models import ANALYZE_AFTER, FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
 
 RESTART_KEY = "restart"

@@ -41,6 +41,7 @@ from django.db.models import F
 
 from . import payload, registry
 from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text
+from .enqueue import enqueue_many
 from .models import Job, ScheduleState
 
 logger = logging.getLogger("django_dbqueue")
@@ -513,7 +514,7 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
             if run is not None:
                 calls.append(schedule.call(run))
                 runs.append((state, run))
-        for (state, run), handle in zip(runs, registry.enqueue_many(calls) if calls else [], strict=True):
+        for (state, run), handle in zip(runs, enqueue_many(calls) if calls else [], strict=True):
             state.last_tick, state.last_run_at, state.last_job_id, state.runs = (
                 run,
                 state.db_now,

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import batches, chains, concurrency, conf, handles, history, progress, registry, signals, unique, workers
+from . import batches, concurrency, conf, handles, history, progress, registry, rows, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error, watch_network
 from .exceptions import JobCancelled, JobTimeout, WorkerStopped
@@ -976,7 +976,7 @@ class Worker:
             # A cancelled job runs no on_failure callback; its remaining steps stay in FailedJob.
             return []
         try:
-            return chains.follow_ups(job, succeeded=outcome.status == "succeeded")
+            return rows.follow_ups(job, succeeded=outcome.status == "succeeded")
         except Exception:  # a row's fault (JSON nested too deep) must not end the worker
             logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
             return []

@@ -20,10 +20,10 @@ import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
-from django_dbqueue.chains import new_job
 from django_dbqueue.claims import claim
 from django_dbqueue.db import DbNow
 from django_dbqueue.models import INVALID_ROW_CLASS, FailedJob, FlowLimit, Job
+from django_dbqueue.rows import new_job
 from django_dbqueue.validation import ROW_BOUNDS, row_error
 from tests.conftest import wait_until
 from tests.testapp import jobs

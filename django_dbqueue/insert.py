@@ -1,0 +1,801 @@
+"""Every INSERT of job rows.
+
+A new job is a ``rows.NewJob``: the values of its row, with a delay instead of
+times, so the database's clock decides when it was created and when it becomes
+available. The columns written are derived from ``Job._meta``: a NewJob's own
+values, its flow columns, the two times, and every other column at its field's
+default. One statement per database:
+
+- PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column,
+  the same SQL text for every batch, the times from ``statement_timestamp()``
+  coming back with the ids; a single enqueue calls ``dbqueue_enqueue``
+  (migration 0011), whose INSERT the server keeps planned per session; rows that
+  need not come back go through ``COPY``. docs/performance.md has the figures.
+- SQLite, MariaDB, MySQL: one multi-row ``INSERT ... VALUES``, with the
+  database's clock read once per batch, and ``RETURNING id`` where the database
+  has it (plain MySQL returns no ids for many rows).
+
+A new job whose unique key (``Flow.unique_key``) another row holds is not
+inserted: it comes back as ``Held``, naming that row, and the caller's
+transaction goes on. The unique index decides (docs/unique.md): on PostgreSQL
+the INSERT has ``ON CONFLICT ... DO NOTHING``; elsewhere it runs in a savepoint,
+and a conflict on that index (and only that one) is rolled back, its holders
+read, and the rest inserted again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
+
+from .db import alias, cached_sql, kept_cursor
+from .models import ANALYZE_AFTER, Job, check_rows
+from .rows import NO_FLOW, Flow, NewJob
+
+logger = logging.getLogger("django_dbqueue")
+
+
+class Held(NamedTuple):
+    """A new job that was not inserted: job ``job_id`` holds its unique key (or its
+    ``unique_for`` window). ``job_id`` is None only for a window opened by a bulk
+    insert on plain MySQL, which returns no ids."""
+
+    key: str
+    job_id: int | None
+
+
+class Row(NamedTuple):
+    """A row inserted on PostgreSQL; its model instance is built only when asked for."""
+
+    using: str
+    new: NewJob
+    pk: int
+    available_at: datetime
+    created_at: datetime
+
+    def job(self) -> Job:
+        return _saved(self.using, self.new, self.pk, self.available_at, self.created_at)
+
+
+# The name of the unique index on ``Job.unique_key`` (migration 0008).
+UNIQUE_INDEX = "dbqueue_job_unique"
+
+# -- the columns, from the model -----------------------------------------------
+
+_FIELDS = {field.attname: field for field in Job._meta.concrete_fields}
+# The NewJob fields stored as they are (``delay`` becomes available_at, ``flow`` its columns).
+OWN = NewJob._fields[: NewJob._fields.index("delay")]
+TIMES = ("available_at", "created_at")
+# Every other column starts at its field's default (attempts 0, reserved_at NULL, ...).
+START = {
+    name: field.get_default()
+    for name, field in _FIELDS.items()
+    if not field.primary_key and name not in (*OWN, "batch_id", *Flow._fields, *TIMES)
+}
+# A new row's columns in the order of ``_values``: nothing but the id, which the table gives.
+COLUMNS = (*OWN, "batch_id", *Flow._fields, *TIMES, *START)
+_START_VALUES = tuple(START.values())
+_PK = Job._meta.pk.attname if Job._meta.pk else "id"
+
+
+def _values(new: NewJob, available: Any, created: Any) -> tuple[Any, ...]:
+    return (*new[: len(OWN)], new.batch_id, *(new.flow or NO_FLOW), available, created, *_START_VALUES)
+
+
+def _column(connection: BaseDatabaseWrapper, name: str) -> str:
+    return str(connection.ops.quote_name(_FIELDS[name].column))
+
+
+def _saved(using: str, new: NewJob, pk: int | None, available_at: Any, created_at: Any) -> Job:
+    """The saved ``Job`` of ``new``; ``Job.from_db`` in a fifth of its time.
+
+    ``Model.__init__`` matches each value to its field through the field's
+    descriptors, most of the cost of returning the rows of a bulk enqueue; the
+    values here are already the attributes. With a ``pre_init`` or ``post_init``
+    receiver on ``Job``, ``from_db`` runs as usual.
+    """
+    values = dict(zip(COLUMNS, _values(new, available_at, created_at), strict=True))
+    values[_PK] = pk
+    if models.signals.pre_init.has_listeners(Job) or models.signals.post_init.has_listeners(Job):
+        return Job.from_db(using, list(_FIELDS), [values[name] for name in _FIELDS])
+    job = Job.__new__(Job)
+    job.__dict__.update(values)
+    state = job._state = ModelState()
+    state.adding = False
+    state.db = using
+    return job
+
+
+def analyze_if_large(using: str, count: int) -> None:
+    """On PostgreSQL, refresh the job table's statistics after inserting ``count`` rows, if many.
+
+    Planned with the statistics of a nearly empty table, the claim would sort
+    the whole queue instead of reading its index in order.
+    """
+    connection = connections[using]
+    if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
+
+
+# -- inserts -------------------------------------------------------------------
+
+
+def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool = True) -> list[Job | Held]:
+    """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows.
+
+    Return the saved rows in the same order, with their ids and the times the
+    database gave them (no ids on plain MySQL); a job whose unique key is held,
+    by an existing row or by an earlier job of ``new_jobs``, comes back as
+    ``Held``. ``analyze=False`` leaves the ANALYZE of a large insert to the caller.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    if not new_jobs:
+        return []
+    using = alias()
+    connection = connections[using]
+    if any(new.unique_key for new in new_jobs):
+        return _insert_unique(connection, using, new_jobs, batch_size, analyze)
+    jobs: list[Job | Held] = []
+    with transaction.atomic(using=using, savepoint=False):
+        if connection.vendor == "postgresql":
+            with Stream(connection, using) as stream:
+                for start in range(0, len(new_jobs), batch_size):
+                    jobs += [row.job() for row in stream.send(new_jobs[start : start + batch_size])]
+                jobs += [row.job() for row in stream.flush()]
+        else:
+            jobs += _insert_values(connection, using, new_jobs, batch_size)
+    if analyze:
+        analyze_if_large(using, len(jobs))
+    return jobs
+
+
+def insert_one(new: NewJob) -> Job | Held:
+    """Insert one new job and return it saved, with its id and times (or ``Held``)."""
+    using = alias()
+    if new.unique_key:
+        return _insert_unique(connections[using], using, [new], 1)[0]
+    row = insert_row(new, using)
+    return _insert_values(connections[using], using, [new], 1)[0] if row is None else row.job()
+
+
+def insert_row(new: NewJob, using: str) -> Row | None:
+    """On PostgreSQL, insert one new job without a unique key and return its row;
+    elsewhere insert nothing and return None.
+
+    One call of ``dbqueue_enqueue`` (migration 0011), whose INSERT the server keeps
+    planned per session, which a statement sent from here cannot be with Django's
+    prepared statements off: one round trip, and no transaction of its own (one
+    statement is atomic), so an enqueue inside the caller's transaction still
+    becomes visible only on its commit.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    cursor = kept_cursor(connection)
+    if new.flow is None and new.batch_id is None:
+        cursor.execute(_ENQUEUE_PLAIN, new[:_WITH_DELAY])
+    else:
+        cursor.execute(_ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or NO_FLOW), new.batch_id))
+    return Row(using, new, *cursor.fetchone())
+
+
+# The function's parameters: those of ``NewJob`` up to the delay; then, if the
+# job uses flow control or is in a batch, the ``Flow`` columns and the batch.
+_WITH_DELAY = NewJob._fields.index("delay") + 1
+_ENQUEUE_PLAIN = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * _WITH_DELAY)})"
+_ENQUEUE_FLOW = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * (_WITH_DELAY + len(Flow._fields) + 1))})"
+
+
+class Stream:
+    """Batches inserted one statement ahead (PostgreSQL, inside a transaction).
+
+    ``send`` sends a batch's unnest INSERT and returns the rows (``Row``) of the
+    batch sent before it; in psycopg's pipeline mode the server inserts a batch
+    while the caller prepares the next. ``flush`` returns the last batch's rows
+    (before anything else runs on the connection). Elsewhere ``usable`` is False.
+    """
+
+    def __init__(self, connection: BaseDatabaseWrapper, using: str) -> None:
+        self.connection = connection
+        self.using = using
+        self.usable = connection.vendor == "postgresql"
+        self._sent: tuple[Sequence[NewJob], Any] | None = None
+        self._pipeline: Any = None
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            pipeline.__exit__(kind, exc, traceback)
+
+    def send(self, batch: Sequence[NewJob]) -> list[Row]:
+        if self._pipeline is None:
+            self._pipeline = _pipeline(self.connection)
+            self._pipeline.__enter__()
+        cursor = self.connection.cursor()
+        cursor.execute(*_unnest(self.connection, batch))
+        done = self._read()
+        self._sent = (batch, cursor)
+        return done
+
+    def flush(self) -> list[Row]:
+        done = self._read()
+        self.__exit__(None, None, None)
+        return done
+
+    def _read(self) -> list[Row]:
+        if self._sent is None:
+            return []
+        batch, cursor = self._sent
+        self._sent = None
+        with cursor:
+            returned = cursor.fetchall()
+        # RETURNING gives the rows in the order the SELECT read them, the arrays'
+        # order (which Django's own unnest bulk_create relies on too).
+        return [Row(self.using, new, *row) for new, row in zip(batch, returned, strict=True)]
+
+
+def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
+    """Insert ``new_jobs`` (none with a unique key) and return how many; nothing comes back.
+
+    PostgreSQL with psycopg 3: one ``COPY ... FROM STDIN``, the times the database's
+    clock read once (``statement_timestamp()``); the enqueue trigger's NOTIFY fires
+    once for the statement, as for an INSERT. Elsewhere the multi-row INSERT.
+    """
+    if connection.vendor != "postgresql":
+        _insert_values(connection, connection.alias, new_jobs, len(new_jobs), returning=False)
+        return len(new_jobs)
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        return len(insert_many(new_jobs, batch_size=len(new_jobs), analyze=False))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        (now,) = cursor.fetchone()
+        created = now.isoformat()
+        lines = [
+            "\t".join(
+                map(
+                    _copy_value, _values(new, _later(now, new.delay).isoformat() if new.delay > 0 else created, created)
+                )
+            )
+            for new in new_jobs
+        ]
+        with connection.wrap_database_errors, cursor.cursor.copy(_copy_sql(connection)) as copy:
+            copy.write("\n".join(lines) + "\n")
+    return len(new_jobs)
+
+
+def _later(now: datetime, delay: float) -> datetime:
+    return now + timedelta(seconds=delay)
+
+
+def _copy_value(value: Any) -> str:
+    """COPY's text format: ``\\N`` for NULL, backslashes, tabs and line ends escaped."""
+    if value is None:
+        return "\\N"
+    if value is True or value is False:
+        return "t" if value else "f"
+    text = str(value)
+    if "\\" in text or "\n" in text or "\r" in text or "\t" in text:
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return text
+
+
+@cached_sql
+def _copy_sql(connection: BaseDatabaseWrapper) -> str:
+    columns = ", ".join(_column(connection, name) for name in COLUMNS)
+    return f"COPY {connection.ops.quote_name(Job._meta.db_table)} ({columns}) FROM STDIN"
+
+
+# -- the multi-row INSERT (SQLite, MariaDB, MySQL) -------------------------------
+
+
+def _insert_values(
+    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, returning: bool = True
+) -> list[Job]:
+    """One ``INSERT ... VALUES`` of many rows per batch, ``RETURNING id`` where the
+    database has it (``returning=False``: no rows come back, none are built); the
+    values made here, with the database's clock read once."""
+    build = returning
+    limit = _max_params(connection)
+    per_statement = max(1, min(batch_size, limit // len(COLUMNS))) if limit else batch_size
+    returning = returning and bool(connection.features.can_return_rows_from_bulk_insert)
+    ops = connection.ops
+    jobs: list[Job] = []
+    with transaction.atomic(using=using, savepoint=False), connection.cursor() as cursor:
+        now, created = _clock(cursor, connection)
+        for start in range(0, len(new_jobs), per_statement):
+            batch = new_jobs[start : start + per_statement]
+            params: list[Any] = []
+            times = []
+            for new in batch:
+                available = now if new.delay <= 0 else _later(now, new.delay)
+                times.append(available)
+                params += _values(
+                    new, created if available is now else ops.adapt_datetimefield_value(available), created
+                )
+            marks = ", ".join([_ROW_MARKS] * len(batch))
+            if returning:
+                cursor.execute(f"{_values_head(connection)}{marks} RETURNING {_column(connection, _PK)}", params)
+                ids: list[int | None] = [row[0] for row in cursor.fetchall()]
+            else:
+                cursor.execute(_values_head(connection) + marks, params)
+                # One row: its id is the connection's last one (plain MySQL); many: unknown there.
+                ids = [cursor.lastrowid] if len(batch) == 1 else [None] * len(batch)
+            if build:
+                jobs += [_saved(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
+    return jobs
+
+
+_ROW_MARKS = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
+
+
+@cached_sql
+def _values_head(connection: BaseDatabaseWrapper) -> str:
+    columns = ", ".join(_column(connection, name) for name in COLUMNS)
+    return f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} ({columns}) VALUES "
+
+
+def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]:
+    """The database's clock now (``db.DbNow``'s reading): as an aware UTC datetime, and as
+    the value to store for it.
+
+    SQLite compares times as text and its clock has milliseconds ("…:05.123"): stored
+    as Django writes a datetime ("…:05.123000"), a job would sort after that clock
+    reading and not be available before the next millisecond. So the reading's own
+    text is stored.
+    """
+    if connection.vendor == "mysql":
+        cursor.execute("SELECT UTC_TIMESTAMP(6)")
+        (value,) = cursor.fetchone()
+        clock: datetime = value.replace(tzinfo=UTC)
+        return clock, connection.ops.adapt_datetimefield_value(clock)
+    cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+    (text,) = cursor.fetchone()
+    return datetime.fromisoformat(text).replace(tzinfo=UTC), text
+
+
+def _max_params(connection: BaseDatabaseWrapper) -> int | None:
+    """How many parameters one statement may have (None: no limit but the packet size).
+
+    SQLite's is the connection's own (32,766 since 3.32); Django 5.2 assumes the
+    oldest default, 999, which would split a batch of 1,000 jobs into 44 statements.
+    """
+    if connection.vendor == "sqlite":
+        import sqlite3
+
+        connection.ensure_connection()
+        return int(connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    limit = connection.features.max_query_params
+    return None if limit is None else int(limit)
+
+
+# -- unique keys ----------------------------------------------------------------
+
+
+def _insert_unique(
+    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, analyze: bool = True
+) -> list[Job | Held]:
+    """``insert`` for jobs some of which have unique keys: the first job of each key
+    is inserted unless a row holds the key; the others come back ``Held``."""
+    keys = [new.unique_key for new in new_jobs]
+    results: list[Job | Held | None] = [None] * len(new_jobs)
+    pending = _first_of_each_key(keys)
+    if connection.vendor == "postgresql":
+        if len(new_jobs) == 1:
+            # One statement, atomic by itself: no transaction of its own, as ``insert_one``.
+            _insert_unique_postgresql(connection, using, new_jobs, pending, batch_size, results)
+        else:
+            with transaction.atomic(using=using, savepoint=False):
+                _insert_unique_postgresql(connection, using, new_jobs, pending, batch_size, results)
+    else:
+        _insert_unique_savepoints(connection, using, new_jobs, keys, pending, batch_size, results)
+    outcomes = _with_later_calls(keys, results)
+    if analyze:
+        analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
+    return outcomes
+
+
+def _first_of_each_key(keys: Sequence[str | None]) -> list[int]:
+    """The indexes of the jobs to insert: those without a key, and the first of each key."""
+    seen: set[str] = set()
+    pending = []
+    for index, key in enumerate(keys):
+        if key is None or key not in seen:
+            pending.append(index)
+            if key is not None:
+                seen.add(key)
+    return pending
+
+
+def _with_later_calls(keys: Sequence[str | None], results: list[Job | Held | None]) -> list[Job | Held]:
+    """The outcomes, a later job of a key sharing the fate of the first (``Held`` by its row or its holder)."""
+    first: dict[str, Job | Held] = {}
+    outcomes: list[Job | Held] = []
+    for key, outcome in zip(keys, results, strict=True):
+        if outcome is None:
+            assert key is not None
+            earlier = first[key]
+            outcome = Held(key, earlier.pk if isinstance(earlier, Job) else earlier.job_id)
+        elif key is not None:
+            first.setdefault(key, outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _insert_unique_postgresql(
+    connection: BaseDatabaseWrapper,
+    using: str,
+    new_jobs: Sequence[NewJob],
+    pending: list[int],
+    batch_size: int,
+    results: list[Job | Held | None],
+) -> None:
+    keys = [new.unique_key for new in new_jobs]
+    pending = _insert_round(connection, using, new_jobs, pending, batch_size, _SKIP, results)
+    pending = _mark_held(using, keys, pending, results)
+    if not pending:
+        return
+    # A holder finished between the conflict and the read of it: its key may be
+    # free now. Insert again, locking whatever holds the key this time.
+    with transaction.atomic(using=using, savepoint=False):
+        pending = _insert_round(connection, using, new_jobs, pending, batch_size, _LOCK, results)
+        pending = _mark_held(using, keys, pending, results)
+    if pending:
+        raise RuntimeError(
+            f"unique key {keys[pending[0]]!r} was held by a row that could not be read; "
+            "is the transaction's isolation level READ COMMITTED?"
+        )
+
+
+def _insert_round(
+    connection: BaseDatabaseWrapper,
+    using: str,
+    new_jobs: Sequence[NewJob],
+    pending: list[int],
+    batch_size: int,
+    conflict: str,
+    results: list[Job | Held | None],
+) -> list[int]:
+    """Insert the jobs at ``pending`` (distinct keys) with ``conflict``; fill in the
+    rows inserted and return the indexes of the jobs left out."""
+    batches = [pending[start : start + batch_size] for start in range(0, len(pending), batch_size)]
+    with _pipeline(connection) if len(batches) > 1 else nullcontext():
+        sent = []
+        for batch in batches:
+            cursor = connection.cursor()
+            cursor.execute(*_unnest(connection, [new_jobs[index] for index in batch], conflict))
+            sent.append((batch, cursor))
+        for batch, cursor in sent:
+            with cursor:
+                returned = cursor.fetchall()
+            # Rows with a key are found by it (a left-out row returns nothing);
+            # the others come back in the arrays' order.
+            keyed = {row[3]: row for row in returned if row[3] is not None}
+            plain = iter([row for row in returned if row[3] is None])
+            for index in batch:
+                new = new_jobs[index]
+                row = keyed.get(new.unique_key) if new.unique_key else next(plain)
+                if row is not None:
+                    results[index] = _saved(using, new, *row[:3])
+    return [index for index in pending if results[index] is None]
+
+
+def _insert_unique_savepoints(
+    connection: BaseDatabaseWrapper,
+    using: str,
+    new_jobs: Sequence[NewJob],
+    keys: Sequence[str | None],
+    pending: list[int],
+    batch_size: int,
+    results: list[Job | Held | None],
+) -> None:
+    """Insert the jobs at ``pending`` in a savepoint (one statement per batch); after
+    a conflict on the unique index, read the holders of the keys and insert the rest again.
+
+    The holder of a conflicting key cannot vanish before it is read: InnoDB keeps
+    a shared lock on the index entry that conflicted, SQLite the write lock, until
+    the transaction ends. So each round that fails finds at least one holder.
+
+    InnoDB's lock covers the gap before that entry too, and every job row, keyed
+    or not, has an entry in the index (NULLs included) that may fall in such a
+    gap: two enqueues holding such locks that insert more rows deadlock. So on
+    MariaDB/MySQL the keys held by committed rows are read first and left out,
+    and in a transaction of its own a conflict ends the transaction (nothing was
+    written yet), with its locks, before the next round.
+    """
+    mysql = connection.vendor == "mysql"
+    restart = mysql and not connection.in_atomic_block
+    error: IntegrityError | None = None
+    rounds = len(pending) + 2
+    while rounds:
+        with transaction.atomic(using=using):
+            if mysql:
+                pending = _mark_held(using, keys, pending, results)
+            while pending and rounds:
+                rounds -= 1
+                try:
+                    with transaction.atomic(using=using):
+                        saved = _insert_values(connection, using, [new_jobs[index] for index in pending], batch_size)
+                except IntegrityError as exc:
+                    if not holds_unique_key(exc, connection):
+                        raise
+                    error = exc
+                    if restart:
+                        transaction.set_rollback(True, using=using)
+                        break
+                    left = _mark_held(using, keys, pending, results)
+                    if left == pending:
+                        # Read with a lock: a consistent read under REPEATABLE READ may not see the holder yet.
+                        left = _mark_held(using, keys, pending, results, lock=True)
+                    pending = left
+                    continue
+                for index, job in zip(pending, saved, strict=True):
+                    results[index] = job
+                return
+            if not pending:
+                return
+    assert error is not None
+    raise error
+
+
+def _mark_held(
+    using: str,
+    keys: Sequence[str | None],
+    pending: list[int],
+    results: list[Job | Held | None],
+    *,
+    lock: bool = False,
+) -> list[int]:
+    """Mark the jobs at ``pending`` whose keys a row holds now as ``Held``; return the others."""
+    holders = unique_key_holders(
+        using, [key for key in (keys[index] for index in pending) if key is not None], lock=lock
+    )
+    left = []
+    for index in pending:
+        key = keys[index]
+        if key is not None and key in holders:
+            results[index] = Held(key, holders[key])
+        else:
+            left.append(index)
+    return left
+
+
+def unique_key_holders(using: str, keys: Sequence[str], *, lock: bool = False) -> dict[str, int]:
+    """The ids of the rows that hold ``keys`` now, by key (``lock``: locked until the transaction ends)."""
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), 500):
+        queryset = Job.objects.db_manager(using).filter(unique_key__in=keys[start : start + 500]).order_by()
+        if lock:
+            queryset = queryset.select_for_update()
+        found.update((key, pk) for key, pk in queryset.values_list("unique_key", "pk") if key is not None)
+    return found
+
+
+def is_deadlock(exc: DatabaseError, connection: BaseDatabaseWrapper) -> bool:
+    """Tell whether the database ended the transaction to break a deadlock (it may be run again)."""
+    cause = exc.__cause__
+    if connection.vendor == "postgresql":
+        return (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == "40P01"
+    if connection.vendor == "mysql":
+        return bool(cause is not None and cause.args and cause.args[0] == 1213)
+    return False
+
+
+def holds_unique_key(exc: IntegrityError, connection: BaseDatabaseWrapper) -> bool:
+    """Tell whether ``exc`` is a conflict on the unique index of ``Job.unique_key``, and no other."""
+    cause = exc.__cause__
+    if connection.vendor == "postgresql":
+        return getattr(getattr(cause, "diag", None), "constraint_name", None) == UNIQUE_INDEX
+    if connection.vendor == "mysql":
+        # (1062, "Duplicate entry '...' for key 'dbqueue_job_unique'"); MySQL 8: 'dbqueue_job.dbqueue_job_unique'.
+        args = cause.args if cause is not None else ()
+        if len(args) < 2 or args[0] != 1062:
+            return False
+        text = str(args[1]).rstrip()
+        return text.endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
+    if connection.vendor == "sqlite":
+        column = _FIELDS["unique_key"].column
+        return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{column}"
+    return False
+
+
+def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | None]:
+    """Insert ``rows`` one by one in one transaction; a row whose unique key another
+    job holds is left out (None in its place) and logged.
+
+    For rows built from stored steps (a chain's next step, a callback, a retry from
+    FailedJob): a duplicate there is dropped, as a duplicate enqueue is, and never
+    fails the transaction that carries it. Each row with a unique key is inserted
+    under a savepoint, so the unique index's refusal undoes that row alone.
+    """
+    using = using or alias()
+    check_rows(rows)
+    inserted: list[Job | None] = []
+    with transaction.atomic(using=using):
+        for row in rows:
+            try:
+                with transaction.atomic(using=using) if row.unique_key else nullcontext():
+                    row.save(force_insert=True, using=using)
+            except IntegrityError as exc:
+                if not row.unique_key or not holds_unique_key(exc, connections[using]):
+                    raise
+                holder = unique_key_holders(using, [row.unique_key]).get(row.unique_key)
+                logger.info("job=%s not enqueued: job %s holds its unique key %r", row.name, holder, row.unique_key)
+                row.pk = None
+                inserted.append(None)
+                continue
+            inserted.append(row)
+    return inserted
+
+
+# -- the unnest INSERT (PostgreSQL) ---------------------------------------------
+
+# How the unnest INSERT meets a row that holds one of its unique keys: no
+# ON CONFLICT (no row of the batch has a key); DO NOTHING (the new row is left
+# out of RETURNING); or, once a holder vanished between the conflict and the
+# read of it, DO UPDATE ... WHERE false, which updates nothing but locks the
+# holder until the transaction ends, so the read that follows finds it.
+_PLAIN, _SKIP, _LOCK = "", "skip", "lock"
+
+
+# Each column travels as one PostgreSQL array literal, built here: joining
+# strings is several times faster than psycopg adapting a list value by value.
+def _text_array(values: Sequence[str]) -> str:
+    """``{"a","b"}``: each element double-quoted, with its backslashes and double quotes escaped."""
+    return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
+
+
+def _nullable_text_array(values: Sequence[str | None]) -> str:
+    return "{" + ",".join(["NULL" if v is None else _text_array([v])[1:-1] for v in values]) + "}"
+
+
+def _int_array(values: Sequence[int | None]) -> str:
+    """``{1,NULL,2}``."""
+    return "{" + ",".join(["NULL" if v is None else str(int(v)) for v in values]) + "}"
+
+
+def _bool_array(values: Sequence[bool]) -> str:
+    return "{" + ",".join(["t" if v else "f" for v in values]) + "}"
+
+
+def _encoder(name: str) -> Callable[[Sequence[Any]], str]:
+    field = _FIELDS[name]
+    kind = field.get_internal_type()
+    if kind in ("CharField", "TextField"):
+        return _nullable_text_array if field.null else _text_array
+    return _bool_array if kind == "BooleanField" else _int_array
+
+
+_ENCODERS = {name: _encoder(name) for name in (*OWN, "batch_id", *Flow._fields)}
+_FLOW_AT = NewJob._fields.index("flow")
+
+
+def _unnest(connection: BaseDatabaseWrapper, batch: Sequence[NewJob], conflict: str = _PLAIN) -> tuple[str, list[str]]:
+    """The unnest INSERT of ``batch`` and its parameters: one array per column sent.
+
+    The batch column and the flow columns are sent only if a job of the batch
+    uses them (or, for the flow, with ``conflict``); else they take their
+    defaults. With ``conflict`` a row whose unique key is held is left out, and
+    RETURNING gives each row's key too.
+    """
+    columns = dict(zip(NewJob._fields, zip(*batch, strict=True), strict=True))
+    sent = list(OWN)
+    if any(columns["batch_id"]):
+        sent.append("batch_id")
+    if conflict or any(columns["flow"]):
+        columns.update(zip(Flow._fields, zip(*[new.flow or NO_FLOW for new in batch], strict=True), strict=True))
+        sent += Flow._fields
+    params = [_ENCODERS[name](columns[name]) for name in sent]
+    params.insert(len(OWN), "{" + ",".join([repr(float(delay)) for delay in columns["delay"]]) + "}")
+    return _unnest_sql(tuple(sent), conflict)(connection), params
+
+
+@functools.cache
+def _unnest_sql(sent: tuple[str, ...], conflict: str) -> Callable[[BaseDatabaseWrapper], str]:
+    return cached_sql(functools.partial(_build_unnest, sent=sent, conflict=conflict))
+
+
+def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], conflict: str) -> str:
+    def array_type(name: str) -> str:
+        # Text, not varchar(n): a cast to varchar(n) silently cuts a longer value,
+        # where the INSERT into the column refuses it.
+        field = _FIELDS[name]
+        return (
+            "text" if field.get_internal_type() in ("CharField", "TextField") else str(field.cast_db_type(connection))
+        )
+
+    def literal(value: Any) -> str:
+        if value is None or isinstance(value, bool):
+            return {None: "NULL", True: "true", False: "false"}[value]
+        return str(value) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
+
+    names = [*sent, *TIMES, *START]
+    values = [
+        *(f"r.{name}" for name in sent),
+        "statement_timestamp() + make_interval(secs => r.delay)",
+        "statement_timestamp()",
+        *(literal(value) for value in START.values()),
+    ]
+    arrays = [f"%s::{array_type(name)}[]" for name in sent]
+    arrays.insert(len(OWN), "%s::float8[]")
+    aliases = [*sent]
+    aliases.insert(len(OWN), "delay")
+    returning = f"RETURNING {_column(connection, _PK)}, {_column(connection, 'available_at')}, {_column(connection, 'created_at')}"
+    on_conflict = ""
+    if conflict:
+        key = _column(connection, "unique_key")
+        # The target names the partial unique index (migration 0008) by its column and predicate.
+        on_conflict = f"ON CONFLICT ({key}) WHERE {key} IS NOT NULL " + (
+            "DO NOTHING " if conflict == _SKIP else f"DO UPDATE SET {key} = EXCLUDED.{key} WHERE false "
+        )
+        returning += f", {key}"
+    return (
+        f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} "
+        f"({', '.join(_column(connection, name) for name in names)}) "
+        f"SELECT {', '.join(values)} FROM unnest({', '.join(arrays)}) AS r({', '.join(aliases)}) "
+        f"{on_conflict}{returning}"
+    )
+
+
+@contextmanager
+def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """psycopg 3's pipeline mode where libpq has it (14 or later); elsewhere nothing.
+
+    Statements are sent without waiting for the results of the ones before.
+    When the connection breaks meanwhile, the caller gets the connection's
+    error: psycopg's own complaint about ending a pipeline that still waits
+    for results ("cannot exit pipeline mode while busy") is not the cause, and
+    is neither raised nor logged in its place.
+    """
+    raw = connection.connection
+    if not hasattr(raw, "pipeline"):  # psycopg2
+        yield
+        return
+    import psycopg
+
+    if not psycopg.Pipeline.is_supported():
+        yield
+        return
+    with connection.wrap_database_errors:
+        pipeline = raw.pipeline()
+        pipeline.__enter__()
+        try:
+            yield
+        except BaseException as exc:
+            with _quiet(logging.getLogger("psycopg")):
+                pipeline.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        try:
+            pipeline.__exit__(None, None, None)
+        except psycopg.Error as exc:
+            if raw.broken or raw.closed:
+                raise psycopg.OperationalError(f"the connection to the database was lost: {exc}") from exc
+            raise
+
+
+@contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    """Drop ``logger``'s warnings while an error that says more is on its way to the caller."""
+
+    def drop(record: logging.LogRecord) -> bool:
+        return record.levelno > logging.WARNING
+
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
