@@ -1,26 +1,21 @@
-"""Every INSERT of job rows.
+"""Every INSERT of job rows (``rows.NewJob``: the times come from the database's clock).
 
-A new job is a ``rows.NewJob``: the values of its row, with a delay instead of
-times, so the database's clock decides when it was created and when it becomes
-available. The columns written are derived from ``Job._meta``: a NewJob's own
-values, its flow columns, the two times, and every other column at its field's
-default. One statement per database:
+The columns are derived from ``Job._meta``: a NewJob's own values, its flow
+columns, the two times, and every other column at its field's default. One
+statement per database (docs/performance.md has the figures):
 
 - PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column,
-  the same SQL text for every batch, the times from ``statement_timestamp()``
-  coming back with the ids; a single enqueue calls ``dbqueue_enqueue``
+  the times coming back with the ids; a single enqueue calls ``dbqueue_enqueue``
   (migration 0011), whose INSERT the server keeps planned per session; rows that
-  need not come back go through ``COPY``. docs/performance.md has the figures.
-- SQLite, MariaDB, MySQL: one multi-row ``INSERT ... VALUES``, with the
-  database's clock read once per batch, and ``RETURNING id`` where the database
-  has it (plain MySQL returns no ids for many rows).
+  need not come back go through ``COPY``.
+- SQLite, MariaDB, MySQL: one multi-row ``INSERT ... VALUES``, the clock read once
+  per batch, ``RETURNING id`` where the database has it (not plain MySQL).
 
-A new job whose unique key (``Flow.unique_key``) another row holds is not
-inserted: it comes back as ``Held``, naming that row, and the caller's
-transaction goes on. The unique index decides (docs/unique.md): on PostgreSQL
-the INSERT has ``ON CONFLICT ... DO NOTHING``; elsewhere it runs in a savepoint,
-and a conflict on that index (and only that one) is rolled back, its holders
-read, and the rest inserted again.
+A new job whose unique key another row holds is not inserted: it comes back as
+``Held``, naming that row, and the caller's transaction goes on. The unique index
+decides (docs/unique.md): on PostgreSQL with ``ON CONFLICT ... DO NOTHING``;
+elsewhere in a savepoint, after whose conflict the holders are read and the rest
+inserted again.
 """
 
 from __future__ import annotations
@@ -95,13 +90,9 @@ def _column(connection: BaseDatabaseWrapper, name: str) -> str:
 
 
 def _saved(using: str, new: NewJob, pk: int | None, available_at: Any, created_at: Any) -> Job:
-    """The saved ``Job`` of ``new``; ``Job.from_db`` in a fifth of its time.
-
-    ``Model.__init__`` matches each value to its field through the field's
-    descriptors, most of the cost of returning the rows of a bulk enqueue; the
-    values here are already the attributes. With a ``pre_init`` or ``post_init``
-    receiver on ``Job``, ``from_db`` runs as usual.
-    """
+    """The saved ``Job`` of ``new``: its attributes set at once, without ``Model.__init__``
+    matching each value to its field (most of the cost of a bulk enqueue's rows);
+    with a ``pre_init`` or ``post_init`` receiver on ``Job``, ``from_db`` as usual."""
     values = dict(zip(COLUMNS, _values(new, available_at, created_at), strict=True))
     values[_PK] = pk
     if models.signals.pre_init.has_listeners(Job) or models.signals.post_init.has_listeners(Job):
@@ -115,11 +106,8 @@ def _saved(using: str, new: NewJob, pk: int | None, available_at: Any, created_a
 
 
 def analyze_if_large(using: str, count: int) -> None:
-    """On PostgreSQL, refresh the job table's statistics after inserting ``count`` rows, if many.
-
-    Planned with the statistics of a nearly empty table, the claim would sort
-    the whole queue instead of reading its index in order.
-    """
+    """On PostgreSQL, refresh the job table's statistics after inserting ``count`` rows, if many:
+    planned with those of a nearly empty table, the claim would sort the whole queue."""
     connection = connections[using]
     if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -130,13 +118,9 @@ def analyze_if_large(using: str, count: int) -> None:
 
 
 def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool = True) -> list[Job | Held]:
-    """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows.
-
-    Return the saved rows in the same order, with their ids and the times the
-    database gave them (no ids on plain MySQL); a job whose unique key is held,
-    by an existing row or by an earlier job of ``new_jobs``, comes back as
-    ``Held``. ``analyze=False`` leaves the ANALYZE of a large insert to the caller.
-    """
+    """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows; return
+    the saved rows in order, with ids (not on plain MySQL) and times, or ``Held`` for a job
+    whose key a row or an earlier job holds. ``analyze=False``: the caller runs ``analyze_if_large``."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     if not new_jobs:
@@ -169,14 +153,11 @@ def insert_one(new: NewJob) -> Job | Held:
 
 
 def insert_row(new: NewJob, using: str) -> Row | None:
-    """On PostgreSQL, insert one new job without a unique key and return its row;
-    elsewhere insert nothing and return None.
+    """On PostgreSQL, insert one new job without a unique key and return its row; elsewhere None.
 
-    One call of ``dbqueue_enqueue`` (migration 0011), whose INSERT the server keeps
-    planned per session, which a statement sent from here cannot be with Django's
-    prepared statements off: one round trip, and no transaction of its own (one
-    statement is atomic), so an enqueue inside the caller's transaction still
-    becomes visible only on its commit.
+    One call of ``dbqueue_enqueue``, whose INSERT the server keeps planned (a statement
+    sent from here is planned at every call: Django's prepared statements are off), in
+    no transaction of its own, so inside the caller's it becomes visible on its commit.
     """
     connection = connections[using]
     if connection.vendor != "postgresql":
@@ -197,18 +178,15 @@ _ENQUEUE_FLOW = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * (_WITH_DELAY
 
 
 class Stream:
-    """Batches inserted one statement ahead (PostgreSQL, inside a transaction).
+    """Batches inserted one statement ahead (PostgreSQL, inside a transaction; elsewhere not ``usable``).
 
-    ``send`` sends a batch's unnest INSERT and returns the rows (``Row``) of the
-    batch sent before it; in psycopg's pipeline mode the server inserts a batch
-    while the caller prepares the next. ``flush`` returns the last batch's rows
-    (before anything else runs on the connection). Elsewhere ``usable`` is False.
+    ``send`` sends a batch's unnest INSERT and returns the rows of the batch sent before
+    it: in psycopg's pipeline mode the server inserts a batch while the caller prepares
+    the next. ``flush`` returns the last batch's rows.
     """
 
     def __init__(self, connection: BaseDatabaseWrapper, using: str) -> None:
-        self.connection = connection
-        self.using = using
-        self.usable = connection.vendor == "postgresql"
+        self.connection, self.using, self.usable = connection, using, connection.vendor == "postgresql"
         self._sent: tuple[Sequence[NewJob], Any] | None = None
         self._pipeline: Any = None
 
@@ -250,30 +228,21 @@ class Stream:
 def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
     """Insert ``new_jobs`` (none with a unique key) and return how many; nothing comes back.
 
-    PostgreSQL with psycopg 3: one ``COPY ... FROM STDIN``, the times the database's
-    clock read once (``statement_timestamp()``); the enqueue trigger's NOTIFY fires
-    once for the statement, as for an INSERT. Elsewhere the multi-row INSERT.
+    PostgreSQL: one ``COPY``, the clock read once; the enqueue trigger's
+    NOTIFY fires once for it, as for an INSERT. Elsewhere the multi-row INSERT.
     """
     if connection.vendor != "postgresql":
         _insert_values(connection, connection.alias, new_jobs, len(new_jobs), returning=False)
         return len(new_jobs)
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    if not is_psycopg3:
-        return len(insert_many(new_jobs, batch_size=len(new_jobs), analyze=False))
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
         (now,) = cursor.fetchone()
         created = now.isoformat()
+        times = [_later(now, new.delay).isoformat() if new.delay > 0 else created for new in new_jobs]
         lines = [
-            "\t".join(
-                map(
-                    _copy_value, _values(new, _later(now, new.delay).isoformat() if new.delay > 0 else created, created)
-                )
-            )
-            for new in new_jobs
+            "\t".join(map(_copy_value, _values(new, at, created))) for new, at in zip(new_jobs, times, strict=True)
         ]
-        with connection.wrap_database_errors, cursor.cursor.copy(_copy_sql(connection)) as copy:
+        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {_table(connection)} FROM STDIN") as copy:
             copy.write("\n".join(lines) + "\n")
     return len(new_jobs)
 
@@ -295,9 +264,10 @@ def _copy_value(value: Any) -> str:
 
 
 @cached_sql
-def _copy_sql(connection: BaseDatabaseWrapper) -> str:
+def _table(connection: BaseDatabaseWrapper) -> str:
+    """The job table and a new row's columns, as the INSERT and the COPY name them."""
     columns = ", ".join(_column(connection, name) for name in COLUMNS)
-    return f"COPY {connection.ops.quote_name(Job._meta.db_table)} ({columns}) FROM STDIN"
+    return f"{connection.ops.quote_name(Job._meta.db_table)} ({columns})"
 
 
 # -- the multi-row INSERT (SQLite, MariaDB, MySQL) -------------------------------
@@ -306,36 +276,30 @@ def _copy_sql(connection: BaseDatabaseWrapper) -> str:
 def _insert_values(
     connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, returning: bool = True
 ) -> list[Job]:
-    """One ``INSERT ... VALUES`` of many rows per batch, ``RETURNING id`` where the
-    database has it (``returning=False``: no rows come back, none are built); the
-    values made here, with the database's clock read once."""
-    build = returning
+    """One ``INSERT ... VALUES`` of many rows per batch, ``RETURNING id`` where the database
+    has it (``returning=False``: no rows come back, none are built), the clock read once."""
     limit = _max_params(connection)
     per_statement = max(1, min(batch_size, limit // len(COLUMNS))) if limit else batch_size
-    returning = returning and bool(connection.features.can_return_rows_from_bulk_insert)
-    ops = connection.ops
+    ids_back = returning and connection.features.can_return_rows_from_bulk_insert
+    head = f"INSERT INTO {_table(connection)} VALUES "
     jobs: list[Job] = []
     with transaction.atomic(using=using, savepoint=False), connection.cursor() as cursor:
         now, created = _clock(cursor, connection)
         for start in range(0, len(new_jobs), per_statement):
             batch = new_jobs[start : start + per_statement]
+            times = [now if new.delay <= 0 else _later(now, new.delay) for new in batch]
             params: list[Any] = []
-            times = []
-            for new in batch:
-                available = now if new.delay <= 0 else _later(now, new.delay)
-                times.append(available)
-                params += _values(
-                    new, created if available is now else ops.adapt_datetimefield_value(available), created
-                )
-            marks = ", ".join([_ROW_MARKS] * len(batch))
-            if returning:
-                cursor.execute(f"{_values_head(connection)}{marks} RETURNING {_column(connection, _PK)}", params)
+            for new, at in zip(batch, times, strict=True):
+                params += _values(new, created if at is now else connection.ops.adapt_datetimefield_value(at), created)
+            sql = head + ", ".join([_ROW_MARKS] * len(batch))
+            if ids_back:
+                cursor.execute(f"{sql} RETURNING {_column(connection, _PK)}", params)
                 ids: list[int | None] = [row[0] for row in cursor.fetchall()]
             else:
-                cursor.execute(_values_head(connection) + marks, params)
+                cursor.execute(sql, params)
                 # One row: its id is the connection's last one (plain MySQL); many: unknown there.
                 ids = [cursor.lastrowid] if len(batch) == 1 else [None] * len(batch)
-            if build:
+            if returning:
                 jobs += [_saved(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
     return jobs
 
@@ -343,20 +307,12 @@ def _insert_values(
 _ROW_MARKS = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
 
 
-@cached_sql
-def _values_head(connection: BaseDatabaseWrapper) -> str:
-    columns = ", ".join(_column(connection, name) for name in COLUMNS)
-    return f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} ({columns}) VALUES "
-
-
 def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]:
-    """The database's clock now (``db.DbNow``'s reading): as an aware UTC datetime, and as
-    the value to store for it.
+    """The database's clock now (``db.DbNow``'s reading), as an aware UTC datetime and as stored.
 
-    SQLite compares times as text and its clock has milliseconds ("…:05.123"): stored
-    as Django writes a datetime ("…:05.123000"), a job would sort after that clock
-    reading and not be available before the next millisecond. So the reading's own
-    text is stored.
+    SQLite compares times as text and its clock has milliseconds: stored as Django writes
+    a datetime ("…:05.123000"), a job would sort after that clock reading ("…:05.123") and
+    not be available before the next millisecond. So the reading's own text is stored.
     """
     if connection.vendor == "mysql":
         cursor.execute("SELECT UTC_TIMESTAMP(6)")
@@ -370,10 +326,7 @@ def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]
 
 def _max_params(connection: BaseDatabaseWrapper) -> int | None:
     """How many parameters one statement may have (None: no limit but the packet size).
-
-    SQLite's is the connection's own (32,766 since 3.32); Django 5.2 assumes the
-    oldest default, 999, which would split a batch of 1,000 jobs into 44 statements.
-    """
+    SQLite's is the connection's own (Django 5.2 assumes the oldest default, 999)."""
     if connection.vendor == "sqlite":
         import sqlite3
 
@@ -389,189 +342,145 @@ def _max_params(connection: BaseDatabaseWrapper) -> int | None:
 def _insert_unique(
     connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, analyze: bool = True
 ) -> list[Job | Held]:
-    """``insert`` for jobs some of which have unique keys: the first job of each key
-    is inserted unless a row holds the key; the others come back ``Held``."""
-    keys = [new.unique_key for new in new_jobs]
-    results: list[Job | Held | None] = [None] * len(new_jobs)
-    pending = _first_of_each_key(keys)
-    if connection.vendor == "postgresql":
-        if len(new_jobs) == 1:
-            # One statement, atomic by itself: no transaction of its own, as ``insert_one``.
-            _insert_unique_postgresql(connection, using, new_jobs, pending, batch_size, results)
-        else:
-            with transaction.atomic(using=using, savepoint=False):
-                _insert_unique_postgresql(connection, using, new_jobs, pending, batch_size, results)
+    """``insert_many`` for jobs some of which have unique keys: the first job of each
+    key is inserted unless a row holds the key; the others come back ``Held``."""
+    todo = _Unique(connection, using, new_jobs, batch_size)
+    if connection.vendor != "postgresql":
+        todo.savepoints()
+    elif len(new_jobs) == 1:
+        # One statement, atomic by itself: no transaction of its own, as ``insert_one``.
+        todo.on_conflict()
     else:
-        _insert_unique_savepoints(connection, using, new_jobs, keys, pending, batch_size, results)
-    outcomes = _with_later_calls(keys, results)
-    if analyze:
-        analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
-    return outcomes
-
-
-def _first_of_each_key(keys: Sequence[str | None]) -> list[int]:
-    """The indexes of the jobs to insert: those without a key, and the first of each key."""
-    seen: set[str] = set()
-    pending = []
-    for index, key in enumerate(keys):
-        if key is None or key not in seen:
-            pending.append(index)
-            if key is not None:
-                seen.add(key)
-    return pending
-
-
-def _with_later_calls(keys: Sequence[str | None], results: list[Job | Held | None]) -> list[Job | Held]:
-    """The outcomes, a later job of a key sharing the fate of the first (``Held`` by its row or its holder)."""
+        with transaction.atomic(using=using, savepoint=False):
+            todo.on_conflict()
     first: dict[str, Job | Held] = {}
     outcomes: list[Job | Held] = []
-    for key, outcome in zip(keys, results, strict=True):
-        if outcome is None:
+    for key, outcome in zip(todo.keys, todo.results, strict=True):
+        if outcome is None:  # a later job of a key shares the fate of the first
             assert key is not None
             earlier = first[key]
             outcome = Held(key, earlier.pk if isinstance(earlier, Job) else earlier.job_id)
         elif key is not None:
             first.setdefault(key, outcome)
         outcomes.append(outcome)
+    if analyze:
+        analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
     return outcomes
 
 
-def _insert_unique_postgresql(
-    connection: BaseDatabaseWrapper,
-    using: str,
-    new_jobs: Sequence[NewJob],
-    pending: list[int],
-    batch_size: int,
-    results: list[Job | Held | None],
-) -> None:
-    keys = [new.unique_key for new in new_jobs]
-    pending = _insert_round(connection, using, new_jobs, pending, batch_size, _SKIP, results)
-    pending = _mark_held(using, keys, pending, results)
-    if not pending:
-        return
-    # A holder finished between the conflict and the read of it: its key may be
-    # free now. Insert again, locking whatever holds the key this time.
-    with transaction.atomic(using=using, savepoint=False):
-        pending = _insert_round(connection, using, new_jobs, pending, batch_size, _LOCK, results)
-        pending = _mark_held(using, keys, pending, results)
-    if pending:
-        raise RuntimeError(
-            f"unique key {keys[pending[0]]!r} was held by a row that could not be read; "
-            "is the transaction's isolation level READ COMMITTED?"
-        )
+class _Unique:
+    """The jobs of one insert with unique keys: ``pending`` are those still to insert
+    (at first, those without a key and the first of each key); ``results`` fills in."""
 
+    def __init__(self, connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], size: int) -> None:
+        self.connection, self.using, self.new_jobs, self.size = connection, using, new_jobs, size
+        self.keys = [new.unique_key for new in new_jobs]
+        self.results: list[Job | Held | None] = [None] * len(new_jobs)
+        seen: set[str | None] = {None}
+        self.pending = []
+        for index, key in enumerate(self.keys):
+            if key is None or key not in seen:
+                self.pending.append(index)
+                seen.add(key)
 
-def _insert_round(
-    connection: BaseDatabaseWrapper,
-    using: str,
-    new_jobs: Sequence[NewJob],
-    pending: list[int],
-    batch_size: int,
-    conflict: str,
-    results: list[Job | Held | None],
-) -> list[int]:
-    """Insert the jobs at ``pending`` (distinct keys) with ``conflict``; fill in the
-    rows inserted and return the indexes of the jobs left out."""
-    batches = [pending[start : start + batch_size] for start in range(0, len(pending), batch_size)]
-    with _pipeline(connection) if len(batches) > 1 else nullcontext():
-        sent = []
-        for batch in batches:
-            cursor = connection.cursor()
-            cursor.execute(*_unnest(connection, [new_jobs[index] for index in batch], conflict))
-            sent.append((batch, cursor))
-        for batch, cursor in sent:
-            with cursor:
-                returned = cursor.fetchall()
-            # Rows with a key are found by it (a left-out row returns nothing);
-            # the others come back in the arrays' order.
-            keyed = {row[3]: row for row in returned if row[3] is not None}
-            plain = iter([row for row in returned if row[3] is None])
-            for index in batch:
-                new = new_jobs[index]
-                row = keyed.get(new.unique_key) if new.unique_key else next(plain)
-                if row is not None:
-                    results[index] = _saved(using, new, *row[:3])
-    return [index for index in pending if results[index] is None]
+    def on_conflict(self) -> None:
+        """PostgreSQL: ``ON CONFLICT DO NOTHING``, then the holders of the keys left out are read."""
+        self._round(_SKIP)
+        self.mark_held()
+        if not self.pending:
+            return
+        # A holder finished between the conflict and the read of it: its key may be
+        # free now. Insert again, locking whatever holds the key this time.
+        with transaction.atomic(using=self.using, savepoint=False):
+            self._round(_LOCK)
+            self.mark_held()
+        if self.pending:
+            raise RuntimeError(
+                f"unique key {self.keys[self.pending[0]]!r} was held by a row that could not be read; "
+                "is the transaction's isolation level READ COMMITTED?"
+            )
 
+    def _round(self, conflict: str) -> None:
+        batches = [self.pending[start : start + self.size] for start in range(0, len(self.pending), self.size)]
+        with _pipeline(self.connection) if len(batches) > 1 else nullcontext():
+            sent = []
+            for batch in batches:
+                cursor = self.connection.cursor()
+                cursor.execute(*_unnest(self.connection, [self.new_jobs[index] for index in batch], conflict))
+                sent.append((batch, cursor))
+            for batch, cursor in sent:
+                with cursor:
+                    returned = cursor.fetchall()
+                # Rows with a key are found by it (a left-out row returns nothing);
+                # the others come back in the arrays' order.
+                keyed = {row[3]: row for row in returned if row[3] is not None}
+                plain = iter([row for row in returned if row[3] is None])
+                for index in batch:
+                    new = self.new_jobs[index]
+                    row = keyed.get(new.unique_key) if new.unique_key else next(plain)
+                    if row is not None:
+                        self.results[index] = _saved(self.using, new, *row[:3])
+        self.pending = [index for index in self.pending if self.results[index] is None]
 
-def _insert_unique_savepoints(
-    connection: BaseDatabaseWrapper,
-    using: str,
-    new_jobs: Sequence[NewJob],
-    keys: Sequence[str | None],
-    pending: list[int],
-    batch_size: int,
-    results: list[Job | Held | None],
-) -> None:
-    """Insert the jobs at ``pending`` in a savepoint (one statement per batch); after
-    a conflict on the unique index, read the holders of the keys and insert the rest again.
+    def savepoints(self) -> None:
+        """Insert the pending jobs in a savepoint; after a conflict on the unique index,
+        read the holders of the keys and insert the rest again.
 
-    The holder of a conflicting key cannot vanish before it is read: InnoDB keeps
-    a shared lock on the index entry that conflicted, SQLite the write lock, until
-    the transaction ends. So each round that fails finds at least one holder.
+        The holder of a conflicting key cannot vanish before it is read: InnoDB keeps
+        a shared lock on the index entry that conflicted, SQLite the write lock, until
+        the transaction ends. So each round that fails finds at least one holder.
 
-    InnoDB's lock covers the gap before that entry too, and every job row, keyed
-    or not, has an entry in the index (NULLs included) that may fall in such a
-    gap: two enqueues holding such locks that insert more rows deadlock. So on
-    MariaDB/MySQL the keys held by committed rows are read first and left out,
-    and in a transaction of its own a conflict ends the transaction (nothing was
-    written yet), with its locks, before the next round.
-    """
-    mysql = connection.vendor == "mysql"
-    restart = mysql and not connection.in_atomic_block
-    error: IntegrityError | None = None
-    rounds = len(pending) + 2
-    while rounds:
-        with transaction.atomic(using=using):
-            if mysql:
-                pending = _mark_held(using, keys, pending, results)
-            while pending and rounds:
-                rounds -= 1
-                try:
-                    with transaction.atomic(using=using):
-                        saved = _insert_values(connection, using, [new_jobs[index] for index in pending], batch_size)
-                except IntegrityError as exc:
-                    if not holds_unique_key(exc, connection):
-                        raise
-                    error = exc
-                    if restart:
-                        transaction.set_rollback(True, using=using)
-                        break
-                    left = _mark_held(using, keys, pending, results)
-                    if left == pending:
-                        # Read with a lock: a consistent read under REPEATABLE READ may not see the holder yet.
-                        left = _mark_held(using, keys, pending, results, lock=True)
-                    pending = left
-                    continue
-                for index, job in zip(pending, saved, strict=True):
-                    results[index] = job
-                return
-            if not pending:
-                return
-    assert error is not None
-    raise error
+        InnoDB's lock covers the gap before that entry too, and every job row, keyed
+        or not, has an entry in the index (NULLs included) that may fall in such a
+        gap: two enqueues holding such locks that insert more rows deadlock. So on
+        MariaDB/MySQL the keys held by committed rows are read first and left out,
+        and in a transaction of its own a conflict ends the transaction (nothing was
+        written yet), with its locks, before the next round.
+        """
+        using, mysql = self.using, self.connection.vendor == "mysql"
+        restart = mysql and not self.connection.in_atomic_block
+        error: IntegrityError | None = None
+        rounds = len(self.pending) + 2
+        while rounds:
+            with transaction.atomic(using=using):
+                if mysql:
+                    self.mark_held()
+                while self.pending and rounds:
+                    rounds -= 1
+                    try:
+                        with transaction.atomic(using=using):
+                            batch = [self.new_jobs[index] for index in self.pending]
+                            saved = _insert_values(self.connection, using, batch, self.size)
+                    except IntegrityError as exc:
+                        if not holds_unique_key(exc, self.connection):
+                            raise
+                        error = exc
+                        if restart:
+                            transaction.set_rollback(True, using=using)
+                            break
+                        # Read with a lock if need be: a consistent read under REPEATABLE READ may not see it yet.
+                        if not self.mark_held():
+                            self.mark_held(lock=True)
+                        continue
+                    for index, job in zip(self.pending, saved, strict=True):
+                        self.results[index] = job
+                    return
+                if not self.pending:
+                    return
+        assert error is not None
+        raise error
 
-
-def _mark_held(
-    using: str,
-    keys: Sequence[str | None],
-    pending: list[int],
-    results: list[Job | Held | None],
-    *,
-    lock: bool = False,
-) -> list[int]:
-    """Mark the jobs at ``pending`` whose keys a row holds now as ``Held``; return the others."""
-    holders = unique_key_holders(
-        using, [key for key in (keys[index] for index in pending) if key is not None], lock=lock
-    )
-    left = []
-    for index in pending:
-        key = keys[index]
-        if key is not None and key in holders:
-            results[index] = Held(key, holders[key])
-        else:
-            left.append(index)
-    return left
+    def mark_held(self, *, lock: bool = False) -> bool:
+        """Mark the pending jobs whose keys a row holds now as ``Held``; tell whether any was."""
+        keys = [key for key in (self.keys[index] for index in self.pending) if key is not None]
+        holders = unique_key_holders(self.using, keys, lock=lock)
+        for index in self.pending:
+            key = self.keys[index]
+            if key is not None and key in holders:
+                self.results[index] = Held(key, holders[key])
+        left = [index for index in self.pending if self.results[index] is None]
+        found, self.pending = len(left) < len(self.pending), left
+        return found
 
 
 def unique_key_holders(using: str, keys: Sequence[str], *, lock: bool = False) -> dict[str, int]:
@@ -664,43 +573,41 @@ def _nullable_text_array(values: Sequence[str | None]) -> str:
 
 
 def _int_array(values: Sequence[int | None]) -> str:
-    """``{1,NULL,2}``."""
     return "{" + ",".join(["NULL" if v is None else str(int(v)) for v in values]) + "}"
 
 
-def _bool_array(values: Sequence[bool]) -> str:
-    return "{" + ",".join(["t" if v else "f" for v in values]) + "}"
-
-
-def _encoder(name: str) -> Callable[[Sequence[Any]], str]:
+def _encoder(name: str) -> tuple[str, Callable[[Sequence[Any]], str]]:
+    """The array type of a column sent (text, not varchar(n), whose cast would silently
+    cut a longer value that the INSERT refuses) and its encoder."""
+    if name == "delay":
+        return "float8", lambda values: "{" + ",".join([repr(float(v)) for v in values]) + "}"
     field = _FIELDS[name]
     kind = field.get_internal_type()
     if kind in ("CharField", "TextField"):
-        return _nullable_text_array if field.null else _text_array
-    return _bool_array if kind == "BooleanField" else _int_array
+        return "text", _nullable_text_array if field.null else _text_array
+    if kind == "BooleanField":
+        return "boolean", lambda values: "{" + ",".join(["t" if v else "f" for v in values]) + "}"
+    return "", _int_array  # the field's own type, read per database when the statement is built
 
 
-_ENCODERS = {name: _encoder(name) for name in (*OWN, "batch_id", *Flow._fields)}
-_FLOW_AT = NewJob._fields.index("flow")
+_ARRAYS = {name: _encoder(name) for name in (*NewJob._fields[: len(OWN) + 1], "batch_id", *Flow._fields)}
 
 
 def _unnest(connection: BaseDatabaseWrapper, batch: Sequence[NewJob], conflict: str = _PLAIN) -> tuple[str, list[str]]:
     """The unnest INSERT of ``batch`` and its parameters: one array per column sent.
 
-    The batch column and the flow columns are sent only if a job of the batch
-    uses them (or, for the flow, with ``conflict``); else they take their
-    defaults. With ``conflict`` a row whose unique key is held is left out, and
-    RETURNING gives each row's key too.
+    The batch column and the flow columns are sent only if a job of the batch uses
+    them (the flow also with ``conflict``: then a row whose unique key is held is
+    left out, and RETURNING gives each row's key too); else they take their defaults.
     """
     columns = dict(zip(NewJob._fields, zip(*batch, strict=True), strict=True))
-    sent = list(OWN)
+    sent = list(NewJob._fields[: len(OWN) + 1])  # the row's own values and the delay
     if any(columns["batch_id"]):
         sent.append("batch_id")
     if conflict or any(columns["flow"]):
         columns.update(zip(Flow._fields, zip(*[new.flow or NO_FLOW for new in batch], strict=True), strict=True))
         sent += Flow._fields
-    params = [_ENCODERS[name](columns[name]) for name in sent]
-    params.insert(len(OWN), "{" + ",".join([repr(float(delay)) for delay in columns["delay"]]) + "}")
+    params = [_ARRAYS[name][1](columns[name]) for name in sent]
     return _unnest_sql(tuple(sent), conflict)(connection), params
 
 
@@ -710,31 +617,18 @@ def _unnest_sql(sent: tuple[str, ...], conflict: str) -> Callable[[BaseDatabaseW
 
 
 def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], conflict: str) -> str:
-    def array_type(name: str) -> str:
-        # Text, not varchar(n): a cast to varchar(n) silently cuts a longer value,
-        # where the INSERT into the column refuses it.
-        field = _FIELDS[name]
-        return (
-            "text" if field.get_internal_type() in ("CharField", "TextField") else str(field.cast_db_type(connection))
-        )
-
     def literal(value: Any) -> str:
         if value is None or isinstance(value, bool):
             return {None: "NULL", True: "true", False: "false"}[value]
         return str(value) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
 
-    names = [*sent, *TIMES, *START]
-    values = [
-        *(f"r.{name}" for name in sent),
-        "statement_timestamp() + make_interval(secs => r.delay)",
-        "statement_timestamp()",
-        *(literal(value) for value in START.values()),
-    ]
-    arrays = [f"%s::{array_type(name)}[]" for name in sent]
-    arrays.insert(len(OWN), "%s::float8[]")
-    aliases = [*sent]
-    aliases.insert(len(OWN), "delay")
-    returning = f"RETURNING {_column(connection, _PK)}, {_column(connection, 'available_at')}, {_column(connection, 'created_at')}"
+    stored = [name for name in sent if name != "delay"]
+    names = ", ".join(_column(connection, name) for name in (*stored, *TIMES, *START))
+    values = [f"r.{name}" for name in stored]
+    values += ["statement_timestamp() + make_interval(secs => r.delay)", "statement_timestamp()"]
+    values += [literal(value) for value in START.values()]
+    arrays = ", ".join(f"%s::{_ARRAYS[name][0] or _FIELDS[name].cast_db_type(connection)}[]" for name in sent)
+    returning = "RETURNING " + ", ".join(_column(connection, name) for name in (_PK, *TIMES))
     on_conflict = ""
     if conflict:
         key = _column(connection, "unique_key")
@@ -744,29 +638,23 @@ def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], confli
         )
         returning += f", {key}"
     return (
-        f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} "
-        f"({', '.join(_column(connection, name) for name in names)}) "
-        f"SELECT {', '.join(values)} FROM unnest({', '.join(arrays)}) AS r({', '.join(aliases)}) "
-        f"{on_conflict}{returning}"
+        f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} ({names}) SELECT {', '.join(values)} "
+        f"FROM unnest({arrays}) AS r({', '.join(sent)}) {on_conflict}{returning}"
     )
 
 
 @contextmanager
 def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
-    """psycopg 3's pipeline mode where libpq has it (14 or later); elsewhere nothing.
+    """psycopg 3's pipeline mode where libpq has it (14 or later): statements are sent
+    without waiting for the results of the ones before; elsewhere nothing.
 
-    Statements are sent without waiting for the results of the ones before.
-    When the connection breaks meanwhile, the caller gets the connection's
-    error: psycopg's own complaint about ending a pipeline that still waits
-    for results ("cannot exit pipeline mode while busy") is not the cause, and
-    is neither raised nor logged in its place.
+    When the connection breaks meanwhile, the caller gets the connection's error:
+    psycopg's complaint about ending a pipeline that still waits for results
+    ("cannot exit pipeline mode while busy") is neither raised nor logged in its place.
     """
-    raw = connection.connection
-    if not hasattr(raw, "pipeline"):  # psycopg2
-        yield
-        return
     import psycopg
 
+    raw = connection.connection
     if not psycopg.Pipeline.is_supported():
         yield
         return
@@ -776,8 +664,13 @@ def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
         try:
             yield
         except BaseException as exc:
-            with _quiet(logging.getLogger("psycopg")):
+            # Its warnings dropped: an error that says more is on its way to the caller.
+            quiet = logging.getLogger("psycopg")
+            quiet.addFilter(_DROP_WARNINGS)
+            try:
                 pipeline.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                quiet.removeFilter(_DROP_WARNINGS)
             raise
         try:
             pipeline.__exit__(None, None, None)
@@ -787,15 +680,5 @@ def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
             raise
 
 
-@contextmanager
-def _quiet(logger: logging.Logger) -> Iterator[None]:
-    """Drop ``logger``'s warnings while an error that says more is on its way to the caller."""
-
-    def drop(record: logging.LogRecord) -> bool:
-        return record.levelno > logging.WARNING
-
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
+def _DROP_WARNINGS(record: logging.LogRecord) -> bool:
+    return record.levelno > logging.WARNING

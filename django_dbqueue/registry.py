@@ -200,56 +200,41 @@ def backoff_json(backoff: Backoff | None) -> Any:
     return list(backoff)
 
 
+# The whole-number options: their bounds and how the error names them.
+_WHOLE = (
+    ("max_exceptions", 1, validation.MAX_TRIES, "an integer from {} to {}"),
+    ("tries", 1, validation.MAX_TRIES, "a whole number from {} to {}"),
+    ("retry_after", 1, validation.MAX_SECONDS, "a whole number of seconds from {} to {}"),
+    ("timeout", 1, validation.MAX_SECONDS, "a whole number of seconds from {} to {}"),
+    ("priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY, "a whole number from {} to {}"),
+)
+
+
 def _validate_options(definition: JobDefinition[..., Any]) -> None:
     where = f"job {definition.name!r}"
-    if definition.max_exceptions is not None and (
-        isinstance(definition.max_exceptions, bool)
-        or not isinstance(definition.max_exceptions, int)
-        or not 1 <= definition.max_exceptions <= validation.MAX_TRIES
-    ):
-        raise ImproperlyConfigured(
-            f"{where}: max_exceptions must be an integer from 1 to {validation.MAX_TRIES}, "
-            f"not {definition.max_exceptions!r}"
-        )
+    for option, low, high, what in _WHOLE:
+        value = getattr(definition, option)
+        if (value is not None or option == "priority") and not (_whole(value) and low <= value <= high):
+            raise ImproperlyConfigured(f"{where}: {option} must be {what.format(low, high)}, not {value!r}")
     if definition.results is not None and not isinstance(definition.results, bool):
         raise ImproperlyConfigured(f"{where}: results must be True, False or None, not {definition.results!r}")
     if definition.queue is not None:
         error = validation.queue_name_error(definition.queue)
         if error is not None:
             raise ImproperlyConfigured(f"{where}: {error}")
-    tries = definition.tries
-    if tries is not None and not (_whole(tries) and 1 <= tries <= validation.MAX_TRIES):
-        raise ImproperlyConfigured(
-            f"{where}: tries must be a whole number from 1 to {validation.MAX_TRIES}, not {tries!r}"
-        )
-    for option in ("retry_after", "timeout"):
-        value = getattr(definition, option)
-        if value is not None and not (_whole(value) and 1 <= value <= validation.MAX_SECONDS):
-            raise ImproperlyConfigured(
-                f"{where}: {option} must be a whole number of seconds from 1 to {validation.MAX_SECONDS}, not {value!r}"
-            )
     if definition.backoff is not None and not valid_backoff(definition.backoff):
         raise ImproperlyConfigured(
             f"{where}: backoff must be seconds (a number from 0 to {validation.MAX_SECONDS}) or a list of them, "
             f"not {definition.backoff!r}"
-        )
-    priority = definition.priority
-    if not (_whole(priority) and validation.MIN_PRIORITY <= priority <= validation.MAX_PRIORITY):
-        raise ImproperlyConfigured(
-            f"{where}: priority must be a whole number from {validation.MIN_PRIORITY} to "
-            f"{validation.MAX_PRIORITY}, not {priority!r}"
         )
     if not _seconds(definition.delay):
         raise ImproperlyConfigured(
             f"{where}: delay must be seconds from 0 to {validation.MAX_SECONDS} or a timedelta, "
             f"not {definition.delay!r}"
         )
-
-    if definition.retry_until is not None:
-        error = _retry_until_error(definition.retry_until, callable_ok=True)
-        if error is not None:
-            raise ImproperlyConfigured(f"{where}: {error}")
+    retry_until = definition.retry_until
     for error in (
+        None if retry_until is None else _retry_until_error(retry_until, callable_ok=True),
         unique.options_error(definition),
         concurrency.options_error(definition),
         rates.options_error(definition),

@@ -250,13 +250,7 @@ class Plain(NamedTuple):
     without the step dict (``tests/test_enqueue_stream.py`` compares the two).
     """
 
-    queue: str
-    name: str
-    priority: int
-    max_tries: int | None
-    retry_after: int
-    timeout: int | None
-    delay: float
+    row: NewJob  # its payload empty
     # Envelope keys after the arguments, in ``new_job``'s order.
     options: dict[str, Any]
     # The job's function, whose annotations say which models its arguments may be.
@@ -274,23 +268,18 @@ class Plain(NamedTuple):
             return None
         queue = definition.effective_queue
         check_queue(definition.name, queue)
-        options: dict[str, Any] = {}
-        backoff = backoff_json(definition.backoff)
-        if backoff:
-            options["backoff"] = backoff
-        if definition.max_exceptions is not None:
-            options["max_exceptions"] = definition.max_exceptions
-        return cls(
-            queue=queue,
-            name=definition.name,
-            priority=int(definition.priority or 0),
-            max_tries=definition.tries,
-            retry_after=int(definition.retry_after or conf.get("RETRY_AFTER")),
-            timeout=definition.timeout,
-            delay=float(definition.delay or 0),
-            options=options,
-            func=definition.func,
+        options = {"backoff": backoff_json(definition.backoff), "max_exceptions": definition.max_exceptions}
+        row = NewJob(
+            queue,
+            definition.name,
+            "",
+            int(definition.priority or 0),
+            definition.tries,
+            int(definition.retry_after or conf.get("RETRY_AFTER")),
+            definition.timeout,
+            float(definition.delay or 0),
         )
+        return cls(row, {key: value for key, value in options.items() if value}, definition.func)
 
     @classmethod
     def cached(cls, definition: JobDefinition[..., Any]) -> Plain | None:
@@ -306,15 +295,14 @@ class Plain(NamedTuple):
         return plain
 
     def new_job(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> NewJob:
+        row = self.row
         try:
             encoded = payload.encode_arguments(args, kwargs, self.func)
         except TypeError as exc:
-            raise TypeError(f"Cannot enqueue {self.name}: {exc}") from None
+            raise TypeError(f"Cannot enqueue {row.name}: {exc}") from None
         text = payload.dumps({"v": payload.VERSION, **encoded, **self.options})
-        payload.check_size(self.name, text)
-        return NewJob(
-            self.queue, self.name, text, self.priority, self.max_tries, self.retry_after, self.timeout, self.delay
-        )
+        payload.check_size(row.name, text)
+        return NewJob(row.queue, row.name, text, *row[3:])
 
 
 # -- what follows a job that ended ------------------------------------------------

@@ -279,3 +279,13 @@ def test_a_killed_connection_during_a_bulk_enqueue_raises_the_connection_error_a
     assert "error ignored" not in caplog.text
     connection.close()
     assert not Job.objects.exists()
+
+
+def test_the_columns_an_insert_writes_are_the_models_and_a_new_row_starts_at_its_fields_defaults():
+    from django_dbqueue import insert
+
+    model = {field.attname for field in Job._meta.concrete_fields if not field.primary_key}
+    assert set(insert.COLUMNS) == model and len(insert.COLUMNS) == len(model)
+    fresh = Job()
+    assert {name: getattr(fresh, name) for name in insert.START} == insert.START
+    assert {"attempts", "given_back", "cancel", "exceptions", "reserved_at", "reserved_by", "blocked"} == set(insert.START)
