@@ -16,7 +16,6 @@ and then (``prune_windows``). See docs/unique.md.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import random
@@ -24,7 +23,7 @@ import time
 from collections.abc import Collection, Iterable, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
-from typing import Literal, cast, overload
+from typing import Literal, NamedTuple, cast, overload
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 
@@ -84,25 +83,21 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     """Store many calls, ``batch_size`` rows per statement, in one transaction; return their handles.
 
     ``calls`` may be any iterable, a generator of millions included: it is read
-    ``batch_size`` calls at a time, each batch checked and sent before the next
-    is read, so memory holds one batch (and the handles: with ``handles=False``
-    none are kept, the number of jobs stored is returned, and on PostgreSQL the
-    rows go through ``COPY``). A list or tuple, already in memory, is checked
-    whole before anything is sent. docs/enqueue.md has the figures.
+    ``batch_size`` calls at a time, each batch checked and sent before the next is
+    read (with ``handles=False`` no handles are kept: the number of jobs stored is
+    returned, and on PostgreSQL the rows go through ``COPY``). A list or tuple is
+    checked whole before anything is sent. docs/enqueue.md has the figures.
 
-    A call that cannot be stored (an argument that is not JSON, an unknown
-    queue, a payload too large, a key callable that raises) raises its error
-    with its position: ``exc.position`` is its index in ``calls`` and the
-    message starts with "call N of enqueue_many". Without a transaction around
-    it, enqueue_many is one transaction of its own, so nothing is stored; inside
-    ``transaction.atomic()`` the batches sent before stay in the transaction,
-    and the caller decides: let the error out of the block (all undone) or catch
-    it and commit what was sent.
+    A call that cannot be stored (an argument that is not JSON, an unknown queue,
+    a payload too large, a key callable that raises) raises its error with its
+    position: ``exc.position`` is its index in ``calls`` and the message starts
+    with "call N of enqueue_many". Alone, enqueue_many is one transaction, so
+    nothing is stored; inside ``transaction.atomic()`` the batches sent before stay
+    in the transaction, and the caller decides whether to commit them.
 
-    On PostgreSQL, SQLite and MariaDB the handles carry their ids (plain MySQL
-    returns none). One handle per call, in order: a unique job whose key is held
-    (by a job stored before, or by an earlier call of ``calls``) stores nothing,
-    and its handle is the holder's, with ``enqueued`` False.
+    One handle per call, in order, with its id (not on plain MySQL): a unique job
+    whose key is held (by a stored job or an earlier call) stores nothing, and its
+    handle is the holder's, with ``enqueued`` False.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -322,8 +317,7 @@ def _announce(outcomes: Sequence[Job | Held]) -> int:
 _EXPIRED = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-@dataclasses.dataclass(frozen=True)
-class LockedWindows:
+class LockedWindows(NamedTuple):
     """Window rows locked by the current transaction: the open ones, with the job each
     was opened for, and the database's clock when they were read."""
 

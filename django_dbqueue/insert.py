@@ -86,7 +86,7 @@ def _values(new: NewJob, available: Any, created: Any) -> tuple[Any, ...]:
 
 
 def _column(connection: BaseDatabaseWrapper, name: str) -> str:
-    return str(connection.ops.quote_name(_FIELDS[name].column))
+    return str(connection.ops.quote_name(str(_FIELDS[name].column)))
 
 
 def _saved(using: str, new: NewJob, pk: int | None, available_at: Any, created_at: Any) -> Job:
