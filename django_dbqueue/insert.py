@@ -39,9 +39,8 @@ logger = logging.getLogger("django_dbqueue")
 
 
 class Held(NamedTuple):
-    """A new job that was not inserted: job ``job_id`` holds its unique key (or its
-    ``unique_for`` window). ``job_id`` is None only for a window opened by a bulk
-    insert on plain MySQL, which returns no ids."""
+    """A new job not inserted: job ``job_id`` holds its unique key or ``unique_for`` window
+    (None only for a window opened by a bulk insert on plain MySQL, which returns no ids)."""
 
     key: str
     job_id: int | None
@@ -63,8 +62,6 @@ class Row(NamedTuple):
 # The name of the unique index on ``Job.unique_key`` (migration 0008).
 UNIQUE_INDEX = "dbqueue_job_unique"
 
-# -- the columns, from the model -----------------------------------------------
-
 _FIELDS = {field.attname: field for field in Job._meta.concrete_fields}
 # The NewJob fields stored as they are (``delay`` becomes available_at, ``flow`` its columns).
 OWN = NewJob._fields[: NewJob._fields.index("delay")]
@@ -79,6 +76,7 @@ START = {
 COLUMNS = (*OWN, "batch_id", *Flow._fields, *TIMES, *START)
 _START_VALUES = tuple(START.values())
 _PK = Job._meta.pk.attname if Job._meta.pk else "id"
+_ATTRS = (_PK, *COLUMNS)
 
 
 def _values(new: NewJob, available: Any, created: Any) -> tuple[Any, ...]:
@@ -93,12 +91,12 @@ def _saved(using: str, new: NewJob, pk: int | None, available_at: Any, created_a
     """The saved ``Job`` of ``new``: its attributes set at once, without ``Model.__init__``
     matching each value to its field (most of the cost of a bulk enqueue's rows);
     with a ``pre_init`` or ``post_init`` receiver on ``Job``, ``from_db`` as usual."""
-    values = dict(zip(COLUMNS, _values(new, available_at, created_at), strict=True))
-    values[_PK] = pk
+    values = (pk, *_values(new, available_at, created_at))
     if models.signals.pre_init.has_listeners(Job) or models.signals.post_init.has_listeners(Job):
-        return Job.from_db(using, list(_FIELDS), [values[name] for name in _FIELDS])
+        by_name = dict(zip(_ATTRS, values, strict=True))
+        return Job.from_db(using, list(_FIELDS), [by_name[name] for name in _FIELDS])
     job = Job.__new__(Job)
-    job.__dict__.update(values)
+    job.__dict__.update(zip(_ATTRS, values, strict=True))
     state = job._state = ModelState()
     state.adding = False
     state.db = using
@@ -112,9 +110,6 @@ def analyze_if_large(using: str, count: int) -> None:
     if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
-
-
-# -- inserts -------------------------------------------------------------------
 
 
 def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool = True) -> list[Job | Held]:
@@ -149,7 +144,7 @@ def insert_one(new: NewJob) -> Job | Held:
     if new.unique_key:
         return _insert_unique(connections[using], using, [new], 1)[0]
     row = insert_row(new, using)
-    return _insert_values(connections[using], using, [new], 1)[0] if row is None else row.job()
+    return row.job() if row else _insert_values(connections[using], using, [new], 1)[0]
 
 
 def insert_row(new: NewJob, using: str) -> Row | None:
@@ -232,7 +227,14 @@ def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> 
     NOTIFY fires once for it, as for an INSERT. Elsewhere the multi-row INSERT.
     """
     if connection.vendor != "postgresql":
-        _insert_values(connection, connection.alias, new_jobs, len(new_jobs), returning=False)
+        # One statement that SQLite prepares once and mysqlclient sends as one multi-row INSERT.
+        with connection.cursor() as cursor:
+            now, created = _clock(cursor, connection)
+            adapt = connection.ops.adapt_datetimefield_value
+            rows = [
+                _values(new, adapt(_later(now, new.delay)) if new.delay > 0 else created, created) for new in new_jobs
+            ]
+            cursor.executemany(f"INSERT INTO {_table(connection)} VALUES {_ROW_MARKS}", rows)
         return len(new_jobs)
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
@@ -274,13 +276,13 @@ def _table(connection: BaseDatabaseWrapper) -> str:
 
 
 def _insert_values(
-    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, returning: bool = True
+    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int
 ) -> list[Job]:
     """One ``INSERT ... VALUES`` of many rows per batch, ``RETURNING id`` where the database
-    has it (``returning=False``: no rows come back, none are built), the clock read once."""
+    has it, the clock read once."""
     limit = _max_params(connection)
     per_statement = max(1, min(batch_size, limit // len(COLUMNS))) if limit else batch_size
-    ids_back = returning and connection.features.can_return_rows_from_bulk_insert
+    ids_back = connection.features.can_return_rows_from_bulk_insert
     head = f"INSERT INTO {_table(connection)} VALUES "
     jobs: list[Job] = []
     with transaction.atomic(using=using, savepoint=False), connection.cursor() as cursor:
@@ -299,8 +301,7 @@ def _insert_values(
                 cursor.execute(sql, params)
                 # One row: its id is the connection's last one (plain MySQL); many: unknown there.
                 ids = [cursor.lastrowid] if len(batch) == 1 else [None] * len(batch)
-            if returning:
-                jobs += [_saved(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
+            jobs += [_saved(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
     return jobs
 
 
@@ -376,12 +377,8 @@ class _Unique:
         self.connection, self.using, self.new_jobs, self.size = connection, using, new_jobs, size
         self.keys = [new.unique_key for new in new_jobs]
         self.results: list[Job | Held | None] = [None] * len(new_jobs)
-        seen: set[str | None] = {None}
-        self.pending = []
-        for index, key in enumerate(self.keys):
-            if key is None or key not in seen:
-                self.pending.append(index)
-                seen.add(key)
+        first = {key: index for index, key in reversed(list(enumerate(self.keys)))}
+        self.pending = [index for index, key in enumerate(self.keys) if key is None or first[key] == index]
 
     def on_conflict(self) -> None:
         """PostgreSQL: ``ON CONFLICT DO NOTHING``, then the holders of the keys left out are read."""
@@ -423,20 +420,13 @@ class _Unique:
         self.pending = [index for index in self.pending if self.results[index] is None]
 
     def savepoints(self) -> None:
-        """Insert the pending jobs in a savepoint; after a conflict on the unique index,
-        read the holders of the keys and insert the rest again.
-
-        The holder of a conflicting key cannot vanish before it is read: InnoDB keeps
-        a shared lock on the index entry that conflicted, SQLite the write lock, until
-        the transaction ends. So each round that fails finds at least one holder.
-
-        InnoDB's lock covers the gap before that entry too, and every job row, keyed
-        or not, has an entry in the index (NULLs included) that may fall in such a
-        gap: two enqueues holding such locks that insert more rows deadlock. So on
-        MariaDB/MySQL the keys held by committed rows are read first and left out,
-        and in a transaction of its own a conflict ends the transaction (nothing was
-        written yet), with its locks, before the next round.
-        """
+        """Insert the pending jobs in a savepoint; after a conflict on the unique index, read
+        the holders of the keys and insert the rest again. A conflicting key's holder cannot
+        vanish before it is read (InnoDB keeps a shared lock on its index entry, SQLite the
+        write lock), so each failed round finds one. InnoDB's lock covers the gap before
+        the entry too, where any new row (keyed or not: NULLs are in the index) may fall,
+        and two enqueues holding such locks deadlock: so on MariaDB/MySQL the keys held are
+        read first, and alone a conflict ends the transaction (nothing was written yet)."""
         using, mysql = self.using, self.connection.vendor == "mysql"
         restart = mysql and not self.connection.in_atomic_block
         error: IntegrityError | None = None
@@ -553,11 +543,10 @@ def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | Non
 
 # -- the unnest INSERT (PostgreSQL) ---------------------------------------------
 
-# How the unnest INSERT meets a row that holds one of its unique keys: no
-# ON CONFLICT (no row of the batch has a key); DO NOTHING (the new row is left
-# out of RETURNING); or, once a holder vanished between the conflict and the
-# read of it, DO UPDATE ... WHERE false, which updates nothing but locks the
-# holder until the transaction ends, so the read that follows finds it.
+# How the unnest INSERT meets a row that holds one of its keys: no ON CONFLICT (no
+# key in the batch); DO NOTHING (the new row is left out of RETURNING); or, once a
+# holder vanished between the conflict and the read of it, DO UPDATE ... WHERE
+# false, which updates nothing but locks the holder, so the read that follows finds it.
 _PLAIN, _SKIP, _LOCK = "", "skip", "lock"
 
 
@@ -594,12 +583,9 @@ _ARRAYS = {name: _encoder(name) for name in (*NewJob._fields[: len(OWN) + 1], "b
 
 
 def _unnest(connection: BaseDatabaseWrapper, batch: Sequence[NewJob], conflict: str = _PLAIN) -> tuple[str, list[str]]:
-    """The unnest INSERT of ``batch`` and its parameters: one array per column sent.
-
-    The batch column and the flow columns are sent only if a job of the batch uses
-    them (the flow also with ``conflict``: then a row whose unique key is held is
-    left out, and RETURNING gives each row's key too); else they take their defaults.
-    """
+    """The unnest INSERT of ``batch`` and its parameters, one array per column sent: the
+    batch and flow columns only if a job uses them (the flow always with ``conflict``,
+    where a row whose key is held is left out and RETURNING gives each row's key)."""
     columns = dict(zip(NewJob._fields, zip(*batch, strict=True), strict=True))
     sent = list(NewJob._fields[: len(OWN) + 1])  # the row's own values and the delay
     if any(columns["batch_id"]):
@@ -645,13 +631,10 @@ def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], confli
 
 @contextmanager
 def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
-    """psycopg 3's pipeline mode where libpq has it (14 or later): statements are sent
-    without waiting for the results of the ones before; elsewhere nothing.
-
-    When the connection breaks meanwhile, the caller gets the connection's error:
-    psycopg's complaint about ending a pipeline that still waits for results
-    ("cannot exit pipeline mode while busy") is neither raised nor logged in its place.
-    """
+    """psycopg's pipeline mode where libpq has it (14 or later): statements sent without
+    waiting for the results of the ones before. When the connection breaks meanwhile,
+    the caller gets the connection's error, not psycopg's "cannot exit pipeline mode
+    while busy" (neither raised nor logged)."""
     import psycopg
 
     raw = connection.connection
