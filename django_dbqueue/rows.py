@@ -69,14 +69,9 @@ class NewJob(NamedTuple):
     def to_job(self) -> Job:
         """Return an unsaved ``Job`` whose times are the database's clock when it is saved."""
         now = DbNow()
+        own = dict(zip(self._fields[: self._fields.index("delay")], self, strict=False))
         job = Job(
-            queue=self.queue,
-            name=self.name,
-            payload=self.payload,
-            priority=self.priority,
-            max_tries=self.max_tries,
-            retry_after=self.retry_after,
-            timeout=self.timeout,
+            **own,
             available_at=now + timedelta(seconds=self.delay) if self.delay > 0 else now,
             created_at=now,
             batch_id=self.batch_id,
