@@ -186,8 +186,7 @@ def prepare_all(calls: Sequence[JobCall], first: int) -> list[Prepared]:
     """``rows.prepare`` of each call; an error names the call's position (``first`` + its index).
 
     A plain call takes the values its definition shares (``rows.Plain``) from the
-    first such call of the batch, and only its arguments are encoded: the same
-    row in about half the time.
+    first such call of the batch, and only its arguments are encoded.
     """
     prepared: list[Prepared] = []
     trace = tracing.enabled and tracing.carries()

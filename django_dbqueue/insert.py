@@ -11,36 +11,33 @@ statement per database (docs/performance.md has the figures):
 - SQLite, MariaDB, MySQL: one multi-row ``INSERT ... VALUES``, the clock read once
   per batch, ``RETURNING id`` where the database has it (not plain MySQL).
 
-A new job whose unique key another row holds is not inserted: it comes back as
-``Held``, naming that row, and the caller's transaction goes on. The unique index
-decides (docs/unique.md): on PostgreSQL with ``ON CONFLICT ... DO NOTHING``;
-elsewhere in a savepoint, after whose conflict the holders are read and the rest
-inserted again.
+A new job whose unique key another row holds comes back as ``Held``, naming that row,
+and the caller's transaction goes on: the unique index decides (docs/unique.md), with
+``ON CONFLICT DO NOTHING`` on PostgreSQL, elsewhere in a savepoint.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import DatabaseError, IntegrityError, connections, models, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.base import ModelState
 
 from .db import alias, cached_sql, kept_cursor
 from .models import ANALYZE_AFTER, Job, check_rows
-from .rows import NO_FLOW, Flow, NewJob
+from .rows import COLUMNS, FIELDS, NO_FLOW, OWN, PK, START, TIMES, Flow, NewJob, row_values, saved_job
 
 logger = logging.getLogger("django_dbqueue")
 
 
 class Held(NamedTuple):
-    """A new job not inserted: job ``job_id`` holds its unique key or ``unique_for`` window
-    (None only for a window opened by a bulk insert on plain MySQL, which returns no ids)."""
+    """A new job not inserted: job ``job_id`` holds its key or window (None: plain MySQL's bulk insert)."""
 
     key: str
     job_id: int | None
@@ -56,51 +53,14 @@ class Row(NamedTuple):
     created_at: datetime
 
     def job(self) -> Job:
-        return _saved(self.using, self.new, self.pk, self.available_at, self.created_at)
+        return saved_job(self.using, self.new, self.pk, self.available_at, self.created_at)
 
 
-# The name of the unique index on ``Job.unique_key`` (migration 0008).
-UNIQUE_INDEX = "dbqueue_job_unique"
-
-_FIELDS = {field.attname: field for field in Job._meta.concrete_fields}
-# The NewJob fields stored as they are (``delay`` becomes available_at, ``flow`` its columns).
-OWN = NewJob._fields[: NewJob._fields.index("delay")]
-TIMES = ("available_at", "created_at")
-# Every other column starts at its field's default (attempts 0, reserved_at NULL, ...).
-START = {
-    name: field.get_default()
-    for name, field in _FIELDS.items()
-    if not field.primary_key and name not in (*OWN, "batch_id", *Flow._fields, *TIMES)
-}
-# A new row's columns in the order of ``_values``: nothing but the id, which the table gives.
-COLUMNS = (*OWN, "batch_id", *Flow._fields, *TIMES, *START)
-_START_VALUES = tuple(START.values())
-_PK = Job._meta.pk.attname if Job._meta.pk else "id"
-_ATTRS = (_PK, *COLUMNS)
-
-
-def _values(new: NewJob, available: Any, created: Any) -> tuple[Any, ...]:
-    return (*new[: len(OWN)], new.batch_id, *(new.flow or NO_FLOW), available, created, *_START_VALUES)
+UNIQUE_INDEX = "dbqueue_job_unique"  # on Job.unique_key (migration 0008)
 
 
 def _column(connection: BaseDatabaseWrapper, name: str) -> str:
-    return str(connection.ops.quote_name(str(_FIELDS[name].column)))
-
-
-def _saved(using: str, new: NewJob, pk: int | None, available_at: Any, created_at: Any) -> Job:
-    """The saved ``Job`` of ``new``: its attributes set at once, without ``Model.__init__``
-    matching each value to its field (most of the cost of a bulk enqueue's rows);
-    with a ``pre_init`` or ``post_init`` receiver on ``Job``, ``from_db`` as usual."""
-    values = (pk, *_values(new, available_at, created_at))
-    if models.signals.pre_init.has_listeners(Job) or models.signals.post_init.has_listeners(Job):
-        by_name = dict(zip(_ATTRS, values, strict=True))
-        return Job.from_db(using, list(_FIELDS), [by_name[name] for name in _FIELDS])
-    job = Job.__new__(Job)
-    job.__dict__.update(zip(_ATTRS, values, strict=True))
-    state = job._state = ModelState()
-    state.adding = False
-    state.db = using
-    return job
+    return str(connection.ops.quote_name(str(FIELDS[name].column)))
 
 
 def analyze_if_large(using: str, count: int) -> None:
@@ -140,11 +100,8 @@ def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: 
 
 def insert_one(new: NewJob) -> Job | Held:
     """Insert one new job and return it saved, with its id and times (or ``Held``)."""
-    using = alias()
-    if new.unique_key:
-        return _insert_unique(connections[using], using, [new], 1)[0]
-    row = insert_row(new, using)
-    return row.job() if row else _insert_values(connections[using], using, [new], 1)[0]
+    row = None if new.unique_key else insert_row(new, alias())
+    return row.job() if row else insert_many([new])[0]
 
 
 def insert_row(new: NewJob, using: str) -> Row | None:
@@ -173,12 +130,9 @@ _ENQUEUE_FLOW = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * (_WITH_DELAY
 
 
 class Stream:
-    """Batches inserted one statement ahead (PostgreSQL, inside a transaction; elsewhere not ``usable``).
-
-    ``send`` sends a batch's unnest INSERT and returns the rows of the batch sent before
-    it: in psycopg's pipeline mode the server inserts a batch while the caller prepares
-    the next. ``flush`` returns the last batch's rows.
-    """
+    """Batches inserted one statement ahead, in pipeline mode (PostgreSQL, in a transaction):
+    ``send`` returns the rows of the batch sent before (the server inserts one batch while
+    the caller prepares the next), ``flush`` the last batch's."""
 
     def __init__(self, connection: BaseDatabaseWrapper, using: str) -> None:
         self.connection, self.using, self.usable = connection, using, connection.vendor == "postgresql"
@@ -188,10 +142,10 @@ class Stream:
     def __enter__(self) -> Stream:
         return self
 
-    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
-        if self._pipeline is not None:
-            pipeline, self._pipeline = self._pipeline, None
-            pipeline.__exit__(kind, exc, traceback)
+    def __exit__(self, *exc_info: Any) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(*exc_info)
 
     def send(self, batch: Sequence[NewJob]) -> list[Row]:
         if self._pipeline is None:
@@ -222,17 +176,15 @@ class Stream:
 
 def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
     """Insert ``new_jobs`` (none with a unique key) and return how many; nothing comes back.
-
-    PostgreSQL: one ``COPY``, the clock read once; the enqueue trigger's
-    NOTIFY fires once for it, as for an INSERT. Elsewhere the multi-row INSERT.
-    """
+    PostgreSQL: one ``COPY`` (the enqueue trigger's NOTIFY fires once, as for an INSERT)."""
     if connection.vendor != "postgresql":
         # One statement that SQLite prepares once and mysqlclient sends as one multi-row INSERT.
         with connection.cursor() as cursor:
             now, created = _clock(cursor, connection)
             adapt = connection.ops.adapt_datetimefield_value
             rows = [
-                _values(new, adapt(_later(now, new.delay)) if new.delay > 0 else created, created) for new in new_jobs
+                row_values(new, adapt(now + timedelta(seconds=new.delay)) if new.delay > 0 else created, created)
+                for new in new_jobs
             ]
             cursor.executemany(f"INSERT INTO {_table(connection)} VALUES {_ROW_MARKS}", rows)
         return len(new_jobs)
@@ -240,17 +192,13 @@ def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> 
         cursor.execute("SELECT statement_timestamp()")
         (now,) = cursor.fetchone()
         created = now.isoformat()
-        times = [_later(now, new.delay).isoformat() if new.delay > 0 else created for new in new_jobs]
+        times = [(now + timedelta(seconds=new.delay)).isoformat() if new.delay > 0 else created for new in new_jobs]
         lines = [
-            "\t".join(map(_copy_value, _values(new, at, created))) for new, at in zip(new_jobs, times, strict=True)
+            "\t".join(map(_copy_value, row_values(new, at, created))) for new, at in zip(new_jobs, times, strict=True)
         ]
         with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {_table(connection)} FROM STDIN") as copy:
             copy.write("\n".join(lines) + "\n")
     return len(new_jobs)
-
-
-def _later(now: datetime, delay: float) -> datetime:
-    return now + timedelta(seconds=delay)
 
 
 def _copy_value(value: Any) -> str:
@@ -272,14 +220,10 @@ def _table(connection: BaseDatabaseWrapper) -> str:
     return f"{connection.ops.quote_name(Job._meta.db_table)} ({columns})"
 
 
-# -- the multi-row INSERT (SQLite, MariaDB, MySQL) -------------------------------
-
-
 def _insert_values(
     connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int
 ) -> list[Job]:
-    """One ``INSERT ... VALUES`` of many rows per batch, ``RETURNING id`` where the database
-    has it, the clock read once."""
+    """One ``INSERT ... VALUES`` of many rows per batch (``RETURNING id`` where there is), the clock read once."""
     limit = _max_params(connection)
     per_statement = max(1, min(batch_size, limit // len(COLUMNS))) if limit else batch_size
     ids_back = connection.features.can_return_rows_from_bulk_insert
@@ -289,19 +233,20 @@ def _insert_values(
         now, created = _clock(cursor, connection)
         for start in range(0, len(new_jobs), per_statement):
             batch = new_jobs[start : start + per_statement]
-            times = [now if new.delay <= 0 else _later(now, new.delay) for new in batch]
+            times = [now if new.delay <= 0 else now + timedelta(seconds=new.delay) for new in batch]
+            adapt = connection.ops.adapt_datetimefield_value
             params: list[Any] = []
             for new, at in zip(batch, times, strict=True):
-                params += _values(new, created if at is now else connection.ops.adapt_datetimefield_value(at), created)
+                params += row_values(new, created if at is now else adapt(at), created)
             sql = head + ", ".join([_ROW_MARKS] * len(batch))
             if ids_back:
-                cursor.execute(f"{sql} RETURNING {_column(connection, _PK)}", params)
+                cursor.execute(f"{sql} RETURNING {_column(connection, PK)}", params)
                 ids: list[int | None] = [row[0] for row in cursor.fetchall()]
             else:
                 cursor.execute(sql, params)
                 # One row: its id is the connection's last one (plain MySQL); many: unknown there.
                 ids = [cursor.lastrowid] if len(batch) == 1 else [None] * len(batch)
-            jobs += [_saved(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
+            jobs += [saved_job(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
     return jobs
 
 
@@ -309,12 +254,9 @@ _ROW_MARKS = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
 
 
 def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]:
-    """The database's clock now (``db.DbNow``'s reading), as an aware UTC datetime and as stored.
-
-    SQLite compares times as text and its clock has milliseconds: stored as Django writes
-    a datetime ("…:05.123000"), a job would sort after that clock reading ("…:05.123") and
-    not be available before the next millisecond. So the reading's own text is stored.
-    """
+    """The database's clock now, as an aware UTC datetime and as stored: on SQLite the
+    reading's own text ("…:05.123"), which times compare as; stored as Django writes it
+    ("…:05.123000") a job would not be available before the next millisecond."""
     if connection.vendor == "mysql":
         cursor.execute("SELECT UTC_TIMESTAMP(6)")
         (value,) = cursor.fetchone()
@@ -329,8 +271,6 @@ def _max_params(connection: BaseDatabaseWrapper) -> int | None:
     """How many parameters one statement may have (None: no limit but the packet size).
     SQLite's is the connection's own (Django 5.2 assumes the oldest default, 999)."""
     if connection.vendor == "sqlite":
-        import sqlite3
-
         connection.ensure_connection()
         return int(connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
     limit = connection.features.max_query_params
@@ -343,8 +283,7 @@ def _max_params(connection: BaseDatabaseWrapper) -> int | None:
 def _insert_unique(
     connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, analyze: bool = True
 ) -> list[Job | Held]:
-    """``insert_many`` for jobs some of which have unique keys: the first job of each
-    key is inserted unless a row holds the key; the others come back ``Held``."""
+    """``insert_many`` of jobs with keys: the first of each key unless a row holds it; the others ``Held``."""
     todo = _Unique(connection, using, new_jobs, batch_size)
     if connection.vendor != "postgresql":
         todo.savepoints()
@@ -370,8 +309,7 @@ def _insert_unique(
 
 
 class _Unique:
-    """The jobs of one insert with unique keys: ``pending`` are those still to insert
-    (at first, those without a key and the first of each key); ``results`` fills in."""
+    """One insert with unique keys: ``pending``, the jobs still to insert; ``results``, the outcomes."""
 
     def __init__(self, connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], size: int) -> None:
         self.connection, self.using, self.new_jobs, self.size = connection, using, new_jobs, size
@@ -416,7 +354,7 @@ class _Unique:
                     new = self.new_jobs[index]
                     row = keyed.get(new.unique_key) if new.unique_key else next(plain)
                     if row is not None:
-                        self.results[index] = _saved(self.using, new, *row[:3])
+                        self.results[index] = saved_job(self.using, new, *row[:3])
         self.pending = [index for index in self.pending if self.results[index] is None]
 
     def savepoints(self) -> None:
@@ -502,25 +440,22 @@ def holds_unique_key(exc: IntegrityError, connection: BaseDatabaseWrapper) -> bo
     if connection.vendor == "mysql":
         # (1062, "Duplicate entry '...' for key 'dbqueue_job_unique'"); MySQL 8: 'dbqueue_job.dbqueue_job_unique'.
         args = cause.args if cause is not None else ()
-        if len(args) < 2 or args[0] != 1062:
-            return False
-        text = str(args[1]).rstrip()
-        return text.endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
+        return (
+            len(args) >= 2
+            and args[0] == 1062
+            and str(args[1]).rstrip().endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
+        )
     if connection.vendor == "sqlite":
-        column = _FIELDS["unique_key"].column
+        column = FIELDS["unique_key"].column
         return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{column}"
     return False
 
 
 def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | None]:
-    """Insert ``rows`` one by one in one transaction; a row whose unique key another
-    job holds is left out (None in its place) and logged.
-
-    For rows built from stored steps (a chain's next step, a callback, a retry from
-    FailedJob): a duplicate there is dropped, as a duplicate enqueue is, and never
-    fails the transaction that carries it. Each row with a unique key is inserted
-    under a savepoint, so the unique index's refusal undoes that row alone.
-    """
+    """Insert rows built from stored steps (a chain's next step, a callback, a retry from
+    FailedJob) one by one in one transaction; a row whose unique key another job holds is
+    left out (None in its place) and logged, as a duplicate enqueue is: each keyed row is
+    inserted under a savepoint, so the index's refusal undoes that row alone."""
     using = using or alias()
     check_rows(rows)
     inserted: list[Job | None] = []
@@ -551,7 +486,7 @@ _PLAIN, _SKIP, _LOCK = "", "skip", "lock"
 
 
 # Each column travels as one PostgreSQL array literal, built here: joining
-# strings is several times faster than psycopg adapting a list value by value.
+# strings costs less than psycopg adapting a list value by value.
 def _text_array(values: Sequence[str]) -> str:
     """``{"a","b"}``: each element double-quoted, with its backslashes and double quotes escaped."""
     return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
@@ -570,7 +505,7 @@ def _encoder(name: str) -> tuple[str, Callable[[Sequence[Any]], str]]:
     cut a longer value that the INSERT refuses) and its encoder."""
     if name == "delay":
         return "float8", lambda values: "{" + ",".join([repr(float(v)) for v in values]) + "}"
-    field = _FIELDS[name]
+    field = FIELDS[name]
     kind = field.get_internal_type()
     if kind in ("CharField", "TextField"):
         return "text", _nullable_text_array if field.null else _text_array
@@ -613,8 +548,8 @@ def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], confli
     values = [f"r.{name}" for name in stored]
     values += ["statement_timestamp() + make_interval(secs => r.delay)", "statement_timestamp()"]
     values += [literal(value) for value in START.values()]
-    arrays = ", ".join(f"%s::{_ARRAYS[name][0] or _FIELDS[name].cast_db_type(connection)}[]" for name in sent)
-    returning = "RETURNING " + ", ".join(_column(connection, name) for name in (_PK, *TIMES))
+    arrays = ", ".join(f"%s::{_ARRAYS[name][0] or FIELDS[name].cast_db_type(connection)}[]" for name in sent)
+    returning = "RETURNING " + ", ".join(_column(connection, name) for name in (PK, *TIMES))
     on_conflict = ""
     if conflict:
         key = _column(connection, "unique_key")
@@ -631,10 +566,8 @@ def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], confli
 
 @contextmanager
 def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
-    """psycopg's pipeline mode where libpq has it (14 or later): statements sent without
-    waiting for the results of the ones before. When the connection breaks meanwhile,
-    the caller gets the connection's error, not psycopg's "cannot exit pipeline mode
-    while busy" (neither raised nor logged)."""
+    """psycopg's pipeline mode where libpq has it (14 or later); a connection that breaks
+    meanwhile raises its own error, not psycopg's "cannot exit pipeline mode while busy"."""
     import psycopg
 
     raw = connection.connection

@@ -282,11 +282,11 @@ def test_a_killed_connection_during_a_bulk_enqueue_raises_the_connection_error_a
 
 
 def test_the_columns_an_insert_writes_are_the_models_and_a_new_row_starts_at_its_fields_defaults():
-    from django_dbqueue import insert
+    from django_dbqueue import rows
 
     model = {field.attname for field in Job._meta.concrete_fields if not field.primary_key}
-    assert set(insert.COLUMNS) == model and len(insert.COLUMNS) == len(model)
+    assert set(rows.COLUMNS) == model and len(rows.COLUMNS) == len(model)
     fresh = Job()
-    assert {name: getattr(fresh, name) for name in insert.START} == insert.START
+    assert {name: getattr(fresh, name) for name in rows.START} == rows.START
     started = {"attempts", "given_back", "cancel", "exceptions", "reserved_at", "reserved_by", "blocked"}
-    assert set(insert.START) == started
+    assert set(rows.START) == started
