@@ -13,15 +13,9 @@ from .exceptions import (
 )
 from .registry import JobCall, JobDefinition, job
 
-if TYPE_CHECKING:
-    from .batches import Batch, BatchClosed, BatchHandle, batch, get_batch
-    from .chains import Chain, chain
+if TYPE_CHECKING:  # loaded on first use, as the names of _LAZY (they import the models)
     from .context import JobContext
     from .enqueue import enqueue_many
-    from .handles import JobHandle, JobStatus, aget_job, get_job
-    from .pauses import pause_queue, paused_queues, resume_queue
-    from .progress import get_progress, progress_token, set_progress
-    from .schedules import periodic
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic version).
 __version__ = "0.1.0"
