@@ -10,7 +10,8 @@ and N = 100 + ``--calls`` divided by ``--calls`` (connection and interpreter
 start-up cancel out): the server's (the backend serving that client) and the
 client's (the enqueueing Python process). Needs valgrind and
 /usr/lib/postgresql/15/bin; run as root, the cluster runs as the postgres user.
-One run with one tree takes about 2 minutes.
+One run with one tree takes about 2 minutes. ``--enqueue many`` (``many-nohandles``):
+one ``enqueue_many`` of N jobs with handles (without) instead, the figures per job.
 
     .venv/bin/python bench/pg_instructions.py --tree before=/tmp/before --tree now=.
 """
@@ -44,13 +45,18 @@ call_command("migrate", verbosity=0)
 """
 
 OURS = """
-import sys
+import os, sys
 import django
 django.setup()
 from django.db import connection
 from bench.benchapp.jobs import noop
-for i in range(int(sys.argv[1])):
-    noop.enqueue(i)
+from django_dbqueue import enqueue_many
+mode, count = os.environ["BENCH_ENQUEUE"], int(sys.argv[1])
+if mode == "one":
+    for i in range(count):
+        noop.enqueue(i)
+else:  # one enqueue_many of ``count`` jobs, with handles or without
+    enqueue_many([noop.bind(i) for i in range(count)], handles=mode == "many")
 with connection.cursor() as cursor:
     cursor.execute("SELECT pg_backend_pid()")
     print(cursor.fetchone()[0])
@@ -131,6 +137,12 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="LABEL=PATH of a django-dbqueue checkout")
     parser.add_argument("--calls", type=int, default=1000, help="enqueues the two runs of a variant differ by")
     parser.add_argument("--port", type=int, default=5498, help="port of the throwaway cluster")
+    parser.add_argument(
+        "--enqueue",
+        choices=["one", "many", "many-nohandles"],
+        default="one",
+        help="single enqueues (default), or one enqueue_many of N jobs with handles or without (figures per job)",
+    )
     args = parser.parse_args()
     if not shutil.which("valgrind"):
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -156,11 +168,11 @@ def main() -> None:
         for label, tree in trees.items():
             dbname = f"dbqueue_instructions_{len(variants)}"
             env = {**os.environ, "PYTHONPATH": str(tree), "DJANGO_SETTINGS_MODULE": "bench.settings"}
-            env.update(BENCH_DB="postgres", BENCH_DBNAME=dbname)
+            env.update(BENCH_DB="postgres", BENCH_DBNAME=dbname, BENCH_ENQUEUE=args.enqueue)
             pg_recreate(dbname)
             subprocess.run([sys.executable, "-c", MIGRATE], env=env, cwd=tree, check=True)
             variants[label] = ([sys.executable, "-c", OURS], env, tree, dbname, "dbqueue_job")
-        if PGQUEUER.exists():
+        if PGQUEUER.exists() and args.enqueue == "one":
             dbname = "pgqueuer_instructions"
             env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_PGQUEUER_DB": dbname}
             setup = [str(PGQUEUER), "-m", "bench.drivers.peer_pgqueuer", "setup"]
@@ -185,7 +197,8 @@ def main() -> None:
                 postmaster.kill()
                 postmaster.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"instructions per single enqueue (callgrind; N={BASE + args.calls} minus N={BASE} calls)")
+    what = "single enqueue" if args.enqueue == "one" else f"job of one enqueue_many ({args.enqueue})"
+    print(f"instructions per {what} (callgrind; N={BASE + args.calls} minus N={BASE} calls)")
     print(f"  {'label':12s} {'server':>9s} {'client':>9s} {'total':>9s}")
     for label, f in figures.items():
         line = f"  {label:12s} {f['server']:9,d} {f['client']:9,d} {f['total']:9,d}"

@@ -1,6 +1,6 @@
 """A job queue for Django that lives in the project's own database."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
     JobCancelled,
@@ -11,7 +11,11 @@ from .exceptions import (
     Snooze,
     UnknownQueue,
 )
-from .registry import JobCall, JobContext, JobDefinition, enqueue_many, job
+from .registry import JobCall, JobDefinition, job
+
+if TYPE_CHECKING:  # loaded on first use, as the names of _LAZY (they import the models)
+    from .context import JobContext
+    from .enqueue import enqueue_many
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic version).
 __version__ = "0.1.0"
@@ -23,11 +27,13 @@ _LAZY = {
     "BatchClosed": "batches",
     "BatchHandle": "batches",
     "Chain": "chains",
+    "JobContext": "context",
     "JobHandle": "handles",
     "JobStatus": "handles",
     "aget_job": "handles",
     "batch": "batches",
     "chain": "chains",
+    "enqueue_many": "enqueue",
     "get_batch": "batches",
     "get_job": "handles",
     "get_progress": "progress",

@@ -33,21 +33,19 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F
 
 from . import lifecycle
+from .chains import Chain
 from .db import DbNow, alias, read_back
+from .enqueue import Prepared, handles_of, store_all
+from .handles import JobHandle
 from .models import FailedJob, Job, JobBatch
-
-if TYPE_CHECKING:
-    from .bulk import NewJob
-    from .chains import Chain
-    from .handles import JobHandle
-    from .registry import JobCall, JobDefinition
-    from .unique import Window
+from .registry import JobCall, JobDefinition
+from .rows import check_queue, prepare, step
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -63,9 +61,6 @@ class BatchClosed(Exception):
 
 
 def _member(item: Any) -> JobCall | Chain:
-    from .chains import Chain
-    from .registry import JobCall, JobDefinition
-
     if isinstance(item, JobDefinition):
         return item.bind()
     if isinstance(item, (JobCall, Chain)):
@@ -74,8 +69,6 @@ def _member(item: Any) -> JobCall | Chain:
 
 
 def _call(item: Any) -> JobCall:
-    from .registry import JobCall
-
     call = _member(item)
     if not isinstance(call, JobCall):
         raise TypeError(f"a batch callback must be a job call such as my_job.bind(...), not {item!r}")
@@ -114,12 +107,10 @@ class Batch:
         whose key is held is not stored and not counted.
         """
         prepared = [_prepared(member) for member in self.members]
-        steps = {kind: [call.to_step() for call in calls] for kind, calls in self.callbacks.items() if calls}
-        from .chains import check_queue
-
+        steps = {kind: [step(call) for call in calls] for kind, calls in self.callbacks.items() if calls}
         for kind_steps in steps.values():
-            for step in kind_steps:
-                check_queue(step["name"], step.get("queue"))
+            for callback in kind_steps:
+                check_queue(callback["name"], callback.get("queue"))
         with transaction.atomic(using=alias(), savepoint=False):
             row = JobBatch(
                 name=self.name[:200],
@@ -149,20 +140,14 @@ def batch(*members: JobCall | Chain | JobDefinition[..., Any], name: str = "", a
     return Batch(tuple(_member(item) for item in members), name=name, allow_failures=allow_failures)
 
 
-def _prepared(member: JobCall | Chain) -> tuple[NewJob, Window | None]:
-    from .chains import Chain
-
-    if isinstance(member, Chain):
-        return member.prepared()
-    return member._prepared()
+def _prepared(member: JobCall | Chain) -> Prepared:
+    return member.prepared() if isinstance(member, Chain) else prepare(member)
 
 
-def _insert_members(batch_id: int, prepared: Sequence[tuple[NewJob, Window | None]], batch_size: int) -> list[Any]:
-    from .registry import _store
-
+def _insert_members(batch_id: int, prepared: Sequence[Prepared], batch_size: int) -> list[Any]:
     if not prepared:
         return []
-    return _store([(new._replace(batch_id=batch_id), window) for new, window in prepared], batch_size=batch_size)
+    return store_all([(new._replace(batch_id=batch_id), window) for new, window in prepared], batch_size=batch_size)
 
 
 # -- the handle ----------------------------------------------------------------
@@ -252,8 +237,6 @@ def add(
     """Add members to a running batch, in one transaction; raise ``BatchClosed`` if it
     was cancelled or has finished. A member may add members to its own batch:
     the batch cannot finish while that member runs."""
-    from .registry import _handles
-
     prepared = [_prepared(_member(item)) for item in members]
     with transaction.atomic(using=alias(), savepoint=False):
         row = JobBatch.objects.select_for_update().filter(pk=batch_id).first()
@@ -267,7 +250,7 @@ def add(
         added = sum(1 for job in stored if isinstance(job, Job))
         if added:
             JobBatch.objects.filter(pk=batch_id).update(total=F("total") + added, pending=F("pending") + added)
-    return _handles(stored)
+    return handles_of(stored)
 
 
 def cancel(batch_id: int) -> int:

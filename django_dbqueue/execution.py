@@ -22,12 +22,13 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from . import middleware, payload, registry, tracing
-from .chains import chain_of
+from .context import JobContext
 from .errors import clean
 from .exceptions import PERMANENT_ERRORS, JobCancelled, JobTimeout, PayloadError, Snooze, WorkerStopped
 from .models import Job
 from .progress import Tracker
-from .registry import Backoff, JobContext, JobDefinition
+from .registry import Backoff, JobDefinition
+from .rows import chain_of
 
 logger = logging.getLogger("django_dbqueue")
 

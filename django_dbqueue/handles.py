@@ -31,7 +31,7 @@ import dataclasses
 import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from asgiref.sync import sync_to_async
@@ -41,7 +41,7 @@ from .db import DbNow
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
 
 if TYPE_CHECKING:
-    from .bulk import Row
+    from .insert import Row
 
 # A handle follows at most this many retries from FailedJob.
 MAX_RETRIES_FOLLOWED = 100
@@ -123,31 +123,14 @@ class JobHandle:
     @classmethod
     def from_job(cls, job: Job) -> JobHandle:
         """The handle of a row just enqueued."""
-        available, created = job.available_at, job.created_at
-        if isinstance(available, datetime) and isinstance(created, datetime):
-            delayed = available > created
-        else:
-            # Times not read back from the database (a bulk insert on MySQL): the row was
-            # built with available_at = created_at for a job without a delay.
-            delayed = available is not created
-        return cls(
-            id=job.pk,
-            name=job.name,
-            queue=job.queue,
-            status=JobStatus.DELAYED if delayed else JobStatus.WAITING,
-            _job=job,
-        )
+        delayed = job.available_at > job.created_at
+        return cls(job.pk, job.name, job.queue, JobStatus.DELAYED if delayed else JobStatus.WAITING, _job=job)
 
     @classmethod
     def from_row(cls, row: Row) -> JobHandle:
         """The handle of a row a bulk enqueue inserted; its ``job`` is built if asked for."""
-        return cls(
-            id=row.pk,
-            name=row.new.name,
-            queue=row.new.queue,
-            status=JobStatus.DELAYED if row.available_at > row.created_at else JobStatus.WAITING,
-            _make_job=row.job,
-        )
+        status = JobStatus.DELAYED if row.available_at > row.created_at else JobStatus.WAITING
+        return cls(row.pk, row.new.name, row.new.queue, status, _make_job=row.job)
 
     @classmethod
     def not_enqueued(cls, job_ids: Sequence[int | None]) -> list[JobHandle]:

@@ -24,7 +24,7 @@ from django.utils.module_loading import import_string
 from . import conf
 
 if TYPE_CHECKING:
-    from .registry import JobContext
+    from .context import JobContext
 
 logger = logging.getLogger("django_dbqueue")
 

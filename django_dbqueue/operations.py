@@ -13,16 +13,8 @@ from django.db.models import Count, Max, Min, Q, QuerySet
 from . import conf, lifecycle, workers
 from .db import DbNow, alias
 from .exceptions import FailedJobsNotFound
-from .models import (
-    ANALYZE_AFTER,
-    FailedJob,
-    FailedJobQuerySet,
-    Job,
-    PausedQueue,
-    QueueControl,
-    QueueWorker,
-    analyze_if_large,
-)
+from .insert import analyze_if_large
+from .models import ANALYZE_AFTER, FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
 
 RESTART_KEY = "restart"
 # Failed jobs retried per transaction: memory and lock time stay bounded, and an

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from . import chains, handles, progress, signals
+from . import handles, progress, rows, signals
 from .exceptions import JobCancelled, JobTimeout
 from .execution import Defaults, Outcome, outcome_of
 from .heartbeat import Heartbeat
@@ -114,7 +114,7 @@ class Outcomes:
             # A cancelled job runs no on_failure callback; its remaining steps stay in FailedJob.
             return []
         try:
-            return chains.follow_ups(job, succeeded=outcome.status == "succeeded")
+            return rows.follow_ups(job, succeeded=outcome.status == "succeeded")
         except Exception:  # a row's fault (JSON nested too deep) must not end the worker
             logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
             return []

@@ -32,6 +32,7 @@ from . import payload, registry
 from .cron import SHORTHANDS as SHORTHANDS
 from .cron import Missed, Plan, Timing
 from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text
+from .enqueue import enqueue_many
 from .models import Job, ScheduleState
 
 logger = logging.getLogger("django_dbqueue")
@@ -319,7 +320,7 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
                 runs.append((state, plan.run))
         # Plain MySQL's bulk insert returns no ids: each run is enqueued on its own.
         if connections[using].features.can_return_rows_from_bulk_insert:
-            handles = registry.enqueue_many(calls) if calls else []
+            handles = enqueue_many(calls) if calls else []
         else:
             handles = [call.enqueue() for call in calls]
         for (state, run), handle in zip(runs, handles, strict=True):

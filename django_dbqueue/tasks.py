@@ -28,14 +28,15 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
 from . import payload, registry
-from .chains import build_row
 from .checks import CLAIM_VENDORS
+from .context import JobContext
 from .db import DbNow, alias, read_back
 from .errors import clean
 from .exceptions import JobCancelled, JobNotRegistered, PayloadError, Snooze, WorkerStopped
 from .handles import TASKS_JOB
 from .models import CANCELLED_CLASS, FailedJob, Job, TaskResultRecord
-from .registry import JobContext, job
+from .registry import job
+from .rows import new_job
 from .signals import job_cancelled, job_enqueued
 
 logger = logging.getLogger("django_dbqueue")
@@ -113,7 +114,7 @@ class DatabaseBackend(BaseTaskBackend):
             "backoff": self._option(task, "backoff"),
             **payload.encode_arguments((result_id,), {}),
         }
-        row = build_row(step)
+        row = new_job(step).to_job()
         if task.run_after is not None:
             row.available_at = task.run_after
         with transaction.atomic(using=alias()):

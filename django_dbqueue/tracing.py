@@ -7,7 +7,7 @@ without the package nothing here runs. With the API but no SDK (no tracer
 provider set), no span is made: a context the caller already has is passed on,
 else nothing is written into payloads.
 
-- ``enqueue_context`` (called by ``chains.new_job`` for every row built) starts
+- ``enqueue_context`` (called by ``rows.new_job`` for every row built) starts
   and ends an ``enqueue <queue>`` span (kind PRODUCER, operation type
   ``create``: it gives the one job its creation context) and returns the trace
   context to store in the envelope's ``trace`` key, through the configured

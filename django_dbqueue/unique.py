@@ -7,38 +7,26 @@
 when the row is deleted (success) or moves to ``FailedJob``. The index is
 unique on ``Job.unique_key`` (partial, NULLs left out, on PostgreSQL and
 SQLite), so two enqueues of one key in two transactions cannot both commit;
-``bulk.insert`` leaves out a job whose key is held (``bulk.Held``).
+``insert.insert_many`` leaves out a job whose key is held (``insert.Held``).
 
 ``@job(unique_for=seconds)`` adds a window: once a job of the key is enqueued,
-no other is for that long, whatever became of the first. A window is a
-``UniqueWindow`` row, unique on its key, locked by the enqueue's transaction
-(``lock_windows``) and moved on when a job is enqueued (``open_windows``); an
-expired row is taken over, and expired rows nobody takes over are pruned now
-and then (``prune_windows``). See docs/unique.md.
+no other is for that long, whatever became of the first (``Window``; its rows
+are locked and opened by ``enqueue``). See docs/unique.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import inspect
 import json
-import logging
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from django.db import DatabaseError, connections, transaction
-
 from . import payload, validation
-from .db import DbNow, alias, claims_with_skip_locked, error_text
 
 if TYPE_CHECKING:
     from .registry import JobDefinition
-
-logger = logging.getLogger("django_dbqueue")
 
 UNTIL_FINISHED = "until_finished"
 UNTIL_STARTED = "until_started"
@@ -142,124 +130,3 @@ def window_of(
         return None
     key = (flow or {}).get("unique_key") or key_of(definition, args, kwargs)
     return Window(str(key), float(definition.unique_for))
-
-
-# The time a window row is created with: already over, so the transaction that
-# created it takes it over like any expired one.
-_EXPIRED = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-@dataclasses.dataclass(frozen=True)
-class LockedWindows:
-    """Window rows locked by the current transaction: the open ones, with the job each
-    was opened for, and the database's clock when they were read."""
-
-    open: dict[str, int | None]
-    now: datetime
-
-
-def lock_windows(keys: Collection[str]) -> LockedWindows:
-    """Lock the window rows of ``keys`` until the transaction ends (creating missing
-    ones, expired), in key order, so enqueues that lock several never wait in a circle.
-
-    Call it inside ``transaction.atomic``. On MariaDB/MySQL the rows are created
-    with ``ON DUPLICATE KEY UPDATE``, which takes an existing row's exclusive lock
-    at once: ``INSERT IGNORE`` takes a shared one, and two enqueues that then
-    both ask for the exclusive lock deadlock.
-    """
-    from .models import UniqueWindow  # imported late: ``@job`` works before the app registry is ready
-
-    using = alias()
-    manager = UniqueWindow.objects.db_manager(using)
-    found: dict[str, tuple[int | None, datetime, datetime]] = {}
-    missing = sorted(set(keys))
-    # A prune may delete an expired row between its creation (a conflict, here) and the
-    # lock: create and lock again the keys not found. A locked row is never pruned.
-    for _ in range(3):
-        rows = [UniqueWindow(key=key, expires_at=_EXPIRED) for key in missing]
-        if connections[using].vendor == "mysql":
-            manager.bulk_create(rows, update_conflicts=True, update_fields=["key"])
-        else:
-            manager.bulk_create(rows, ignore_conflicts=True)
-        locked = (
-            manager.filter(key__in=missing)
-            .order_by("key")
-            .select_for_update()
-            .annotate(clock=DbNow())
-            .values_list("key", "job_id", "expires_at", "clock")
-        )
-        found.update((key, (job_id, expires_at, clock)) for key, job_id, expires_at, clock in locked)
-        missing = [key for key in missing if key not in found]
-        if not missing:
-            break
-    else:
-        raise RuntimeError(f"the unique window of {missing[0]!r} could not be locked")
-    now = max(clock for _, _, clock in found.values())
-    return LockedWindows({key: job_id for key, (job_id, expires_at, _) in found.items() if expires_at > now}, now)
-
-
-def open_windows(opened: Sequence[tuple[Window, int | None]], now: datetime) -> None:
-    """Open the windows of jobs just enqueued, from ``now`` (the clock ``lock_windows`` read)."""
-    from .models import UniqueWindow
-
-    if not opened:
-        return
-    using = alias()
-    connection = connections[using]
-    meta = UniqueWindow._meta
-    quote = connection.ops.quote_name
-    fields = {field.name: field for field in meta.concrete_fields}
-    job_id, expires_at, key = (quote(str(fields[name].column)) for name in ("job_id", "expires_at", "key"))
-    # One statement sent for every window (executemany), with the times as values.
-    sql = f"UPDATE {quote(meta.db_table)} SET {job_id} = %s, {expires_at} = %s WHERE {key} = %s"
-    prepare = fields["expires_at"].get_db_prep_save
-    params = [[pk, prepare(now + timedelta(seconds=window.seconds), connection), window.key] for window, pk in opened]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
-    _prune_later(using)
-
-
-# Seconds between two prunes of expired windows by one process that opens windows.
-PRUNE_INTERVAL = 60.0
-_last_prune = -PRUNE_INTERVAL
-
-
-def _prune_later(using: str) -> None:
-    """Prune expired windows once the current transaction commits, at most every ``PRUNE_INTERVAL``."""
-    global _last_prune
-    if time.monotonic() - _last_prune < PRUNE_INTERVAL:
-        return
-    _last_prune = time.monotonic()
-    transaction.on_commit(_prune_quietly, using=using)
-
-
-def _prune_quietly() -> None:
-    try:
-        count = prune_windows()
-    except DatabaseError as exc:
-        # Expired rows do no harm: the next enqueue of their key takes them over.
-        logger.warning("prune of unique windows failed: %s", error_text(exc))
-        return
-    if count:
-        logger.debug("pruned unique_windows=%s", count)
-
-
-def prune_windows(limit: int = 1000) -> int:
-    """Delete up to ``limit`` expired window rows that no enqueue holds; return how many.
-
-    Rows locked by an enqueue are skipped (``SKIP LOCKED``), so a prune never waits
-    for one, nor deadlocks with one.
-    """
-    from .models import UniqueWindow
-
-    using = alias()
-    manager = UniqueWindow.objects.db_manager(using)
-    with transaction.atomic(using=using):
-        expired = manager.filter(expires_at__lt=DbNow()).order_by("pk")
-        if claims_with_skip_locked(using):
-            expired = expired.select_for_update(skip_locked=True)
-        ids = list(expired.values_list("pk", flat=True)[:limit])
-        if not ids:
-            return 0
-        deleted, _ = manager.filter(pk__in=ids, expires_at__lt=DbNow()).delete()
-    return deleted

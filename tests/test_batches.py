@@ -9,11 +9,11 @@ from django.db import transaction
 from django.test import Client
 
 from django_dbqueue import BatchClosed, batch, chain, claims, get_batch, get_progress, lifecycle
-from django_dbqueue.chains import follow_ups
 from django_dbqueue.execution import Defaults
 from django_dbqueue.models import FailedJob, Job, JobBatch
 from django_dbqueue.operations import clear_queue, clearable, delete_unreserved
 from django_dbqueue.progress import progress_token
+from django_dbqueue.rows import follow_ups
 from django_dbqueue.worker import Worker, WorkerOptions
 from tests.conftest import run_worker
 from tests.testapp import jobs

@@ -297,3 +297,14 @@ def test_a_killed_connection_during_a_bulk_enqueue_raises_the_connection_error_a
     assert "error ignored" not in caplog.text
     connection.close()
     assert not Job.objects.exists()
+
+
+def test_the_columns_an_insert_writes_are_the_models_and_a_new_row_starts_at_its_fields_defaults():
+    from django_dbqueue import rows
+
+    model = {field.attname for field in Job._meta.concrete_fields if not field.primary_key}
+    assert set(rows.COLUMNS) == model and len(rows.COLUMNS) == len(model)
+    fresh = Job()
+    assert {name: getattr(fresh, name) for name in rows.START} == rows.START
+    started = {"attempts", "given_back", "cancel", "exceptions", "reserved_at", "reserved_by", "blocked"}
+    assert set(rows.START) == started

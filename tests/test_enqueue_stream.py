@@ -403,7 +403,7 @@ def test_on_postgresql_rows_without_handles_go_through_copy_and_notify_once_per_
 @pytest.mark.django_db
 @pytest.mark.parametrize("settings_dict", [None, {"QUEUE": "elsewhere", "RETRY_AFTER": 77}])
 def test_a_batch_prepares_each_call_as_a_single_enqueue_does(settings_dict, settings):
-    from django_dbqueue import registry
+    from django_dbqueue import enqueue, rows
 
     if settings_dict:
         settings.DBQUEUE = settings_dict
@@ -415,10 +415,10 @@ def test_a_batch_prepares_each_call_as_a_single_enqueue_does(settings_dict, sett
         jobs.add.bind(3, 4),
     ]
     # Most of these take the shortcut; the unique, limited, deadline and chained ones do not.
-    assert registry._Plain.of(jobs.add) is not None and registry._Plain.of(jobs.fail_with_backoff) is not None
-    assert registry._Plain.of(jobs.record.using(unique=True)) is None and registry._Plain.of(keyed) is None
-    batch = registry._prepare_all(calls, 0)
-    one_by_one = [call._prepared() for call in calls]
+    assert rows.Plain.of(jobs.add) is not None and rows.Plain.of(jobs.fail_with_backoff) is not None
+    assert rows.Plain.of(jobs.record.using(unique=True)) is None and rows.Plain.of(keyed) is None
+    batch = enqueue.prepare_all(calls, 0)
+    one_by_one = [rows.prepare(call) for call in calls]
     assert [new for new, _ in batch] == [new for new, _ in one_by_one]
     assert [window for _, window in batch] == [window for _, window in one_by_one]
 

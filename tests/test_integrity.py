@@ -20,11 +20,11 @@ import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
-from django_dbqueue import lifecycle
-from django_dbqueue.chains import new_job
+from django_dbqueue import insert, lifecycle
 from django_dbqueue.claims import claim
 from django_dbqueue.db import DbNow
 from django_dbqueue.models import INVALID_ROW_CLASS, FailedJob, FlowLimit, Job
+from django_dbqueue.rows import new_job
 from django_dbqueue.validation import ROW_BOUNDS, row_error
 from tests.conftest import wait_until
 from tests.testapp import jobs
@@ -163,7 +163,7 @@ def test_bulk_enqueue_of_rows_refuses_an_out_of_range_row_and_stores_none():
         Job(name="tests.testapp.jobs.record", payload="{}", retry_after=-1, available_at=now, created_at=now),
     ]
     with pytest.raises(ValueError, match="retry_after must be"):
-        Job.objects.bulk_enqueue(rows)
+        insert.bulk_enqueue(rows)
     assert not Job.objects.exists()
 
 

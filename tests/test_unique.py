@@ -18,10 +18,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import bulk, claims, enqueue_many, job, lifecycle, registry, signals, unique
-from django_dbqueue.bulk import Flow, NewJob
+from django_dbqueue import claims, enqueue, enqueue_many, insert, job, lifecycle, registry, signals, unique
 from django_dbqueue.handles import JobHandle, JobStatus
 from django_dbqueue.models import FailedJob, Job, UniqueWindow
+from django_dbqueue.rows import Flow, NewJob
 from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
@@ -150,7 +150,7 @@ def test_aenqueue_returns_the_holder_too():
 def test_a_duplicate_that_finds_its_holder_gone_is_enqueued(monkeypatch):
     """The holder finishes between the conflict and the read of it: the key is free, so the job is stored."""
     first = record_unique.enqueue("a")
-    holders = bulk.unique_key_holders
+    holders = insert.unique_key_holders
     calls = []
 
     def finish_then_read(*args: Any, **kwargs: Any) -> dict[str, int]:
@@ -159,7 +159,7 @@ def test_a_duplicate_that_finds_its_holder_gone_is_enqueued(monkeypatch):
         calls.append(kwargs)
         return holders(*args, **kwargs)
 
-    monkeypatch.setattr(bulk, "unique_key_holders", finish_then_read)
+    monkeypatch.setattr(insert, "unique_key_holders", finish_then_read)
     second = record_unique.enqueue("a")
     assert second.enqueued and second.id != first.id
     assert list(Job.objects.values_list("pk", flat=True)) == [second.id]
@@ -170,9 +170,9 @@ def test_other_integrity_errors_still_raise():
     # NULL; the enqueue's own checks are bypassed).
     new = NewJob("default", "tests.testapp.jobs.record", '{"v":1,"args":[],"kwargs":{}}', 0, None, None, None, 0.0)  # type: ignore[arg-type]
     with pytest.raises(IntegrityError):
-        bulk.insert_one(new._replace(flow=Flow(unique_key="k")))
+        insert.insert_one(new._replace(flow=Flow(unique_key="k")))
     with pytest.raises(IntegrityError):
-        bulk.insert([new._replace(flow=Flow(unique_key="k")), new._replace(flow=Flow(unique_key="l"))])
+        insert.insert_many([new._replace(flow=Flow(unique_key="k")), new._replace(flow=Flow(unique_key="l"))])
     assert Job.objects.count() == 0
 
 
@@ -180,14 +180,14 @@ def test_a_holder_missed_by_the_first_read_is_found_by_the_next(monkeypatch):
     """A read that misses the holder (it finished and another took the key meanwhile) is
     followed by an insert or a locking read that finds the holder of the moment."""
     first = record_unique.enqueue("a")
-    holders = bulk.unique_key_holders
+    holders = insert.unique_key_holders
     calls = []
 
     def miss_once(*args: Any, **kwargs: Any) -> dict[str, int]:
         calls.append(kwargs)
         return {} if len(calls) == 1 else holders(*args, **kwargs)
 
-    monkeypatch.setattr(bulk, "unique_key_holders", miss_once)
+    monkeypatch.setattr(insert, "unique_key_holders", miss_once)
     with transaction.atomic():
         second = record_unique.enqueue("a")
     assert (second.enqueued, second.id) == (False, first.id)
@@ -281,7 +281,7 @@ class FakeDeadlock(Exception):
 
 
 def deadlock_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    real = registry._store_once
+    real = enqueue._store_once
     calls: list[int] = []
 
     def store(*args: Any) -> Any:
@@ -290,7 +290,7 @@ def deadlock_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             raise OperationalError("deadlock") from FakeDeadlock()
         return real(*args)
 
-    monkeypatch.setattr(registry, "_store_once", store)
+    monkeypatch.setattr(enqueue, "_store_once", store)
     return calls
 
 
@@ -578,7 +578,7 @@ def test_a_rolled_back_window_is_not_taken():
 def test_prune_windows_deletes_expired_windows_only():
     jobs.record.using(unique_for=60).enqueue("kept")
     jobs.record.using(unique_for=1).enqueue("expires")
-    wait_until(lambda: unique.prune_windows() == 1, 3, "the expired window was not pruned")
+    wait_until(lambda: enqueue.prune_windows() == 1, 3, "the expired window was not pruned")
     assert list(UniqueWindow.objects.values_list("key", flat=True)) == [key_of(jobs.record, "kept")]
 
 

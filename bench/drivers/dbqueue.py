@@ -176,6 +176,7 @@ def insert_rows(count: int, *, kind: str = "waiting", priority: int = 0) -> None
     from django.db import connection
 
     from bench.benchapp.jobs import noop
+    from django_dbqueue.rows import prepare
 
     available_at = {
         "waiting": "statement_timestamp()",
@@ -185,7 +186,7 @@ def insert_rows(count: int, *, kind: str = "waiting", priority: int = 0) -> None
     }[kind]
     reserved_at = "statement_timestamp() - interval '1 hour'" if kind == "reserved" else "NULL"
     params = {
-        "payload": noop.bind(0).to_row().payload,
+        "payload": prepare(noop.bind(0))[0].payload,
         "priority": priority,
         "attempts": 1 if kind == "reserved" else 0,
         "retry_after": 86_400 if kind == "reserved" else 60,

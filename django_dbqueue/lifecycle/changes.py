@@ -14,8 +14,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import F, QuerySet
 from django.db.models.functions import Greatest
 
-from .. import conf
-from ..chains import follow_ups
+from .. import conf, insert
 from ..db import DbNow, alias, bound_cursor, cached_sql, caused_by_lost_connection, read_back
 from ..models import (
     CANCEL,
@@ -29,6 +28,7 @@ from ..models import (
     JobBatch,
     sql_names,
 )
+from ..rows import follow_ups
 from ..signals import job_cancelled
 from ..validation import NULLABLE_BOUNDS, ROW_BOUNDS, row_error
 from .reactions import CANCELLED, FAILED, RELEASED, SUCCEEDED, members_ended, react, reacts
@@ -77,7 +77,7 @@ def delete(job: Job, *, follow_ups: Sequence[Job] = ()) -> bool:
             follow = list(follow_ups)
             react(queryset.db, {SUCCEEDED: [job]}, follow)
             if follow:
-                Job.objects.db_manager(queryset.db).bulk_enqueue(follow)
+                insert.bulk_enqueue(follow, queryset.db)
     return bool(deleted)
 
 
@@ -171,7 +171,7 @@ def fail(
         if not queryset.delete_now():
             return None
         if follow_ups:
-            Job.objects.db_manager(queryset.db).bulk_enqueue(follow_ups)
+            insert.bulk_enqueue(follow_ups, queryset.db)
         failed = FailedJob.objects.using(queryset.db).create(
             **_failed_values(job), exception_class=exception_class[:255], error=error, failed_at=DbNow()
         )

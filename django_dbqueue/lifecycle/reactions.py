@@ -21,10 +21,11 @@ from django.db import transaction
 from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 
-from ..chains import build_row
+from .. import insert
 from ..concurrency import limit_key
 from ..db import DbNow, alias, error_text
 from ..models import FlowLimit, Job, JobBatch
+from ..rows import new_job
 from ..signals import batch_finished
 
 logger = logging.getLogger("django_dbqueue")
@@ -245,7 +246,7 @@ def _enqueue_callbacks(using: str, row: JobBatch, kinds: Sequence[str]) -> None:
         logger.error("batch id=%s has unreadable callbacks, none enqueued: %s", row.pk, error_text(exc))
         return
     fired = [kind for kind in CALLBACKS if kind in kinds]
-    rows = [build_row(step, check=False, batch_of=row.pk) for kind in fired for step in steps.get(kind) or []]
+    rows = [new_job(step, check=False, batch_of=row.pk).to_job() for kind in fired for step in steps.get(kind) or []]
     if rows:
-        Job.objects.db_manager(using).bulk_enqueue(rows)
+        insert.bulk_enqueue(rows, using)
         logger.info("batch id=%s callbacks enqueued: %s", row.pk, ", ".join(fired))

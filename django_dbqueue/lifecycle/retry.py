@@ -8,6 +8,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import QuerySet
 
+from .. import insert
 from ..db import DbNow
 from ..exceptions import PayloadError
 from ..models import JOB_RECORDS, RETRIED, FailedJob, Job, JobBatch, TaskResultRecord, record_id
@@ -40,10 +41,10 @@ def retry(failed_jobs: QuerySet[FailedJob]) -> list[Job]:
         failed, rows = _without_taken_keys(failed, rows)
         if any(row.unique_key for row in rows):
             # A key taken since the check above: that failed job stays failed.
-            kept = [(old, new) for old, new in zip(failed, Job.objects.insert_each(rows), strict=True) if new]
+            kept = [(old, new) for old, new in zip(failed, insert.insert_each(rows, using), strict=True) if new]
             failed, jobs = [old for old, _ in kept], [new for _, new in kept if new is not None]
         else:
-            jobs = Job.objects.bulk_enqueue(rows)
+            jobs = insert.bulk_enqueue(rows, using)
         FailedJob.objects.using(using).filter(pk__in=[row.pk for row in failed]).delete()
         react(
             using,

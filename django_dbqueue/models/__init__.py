@@ -20,10 +20,8 @@ from .jobs import (
     JobQuerySet,
     LeaseOver,
     State,
-    analyze_if_large,
     bounds_condition,
     check_rows,
-    holds_unique_key,
     record_id,
     sql_names,
 )
@@ -49,6 +47,6 @@ __all__ = [
     "FailedJobManager", "FailedJobQuerySet", "FlowLimit", "FlowLimitManager", "Job", "JobBatch",
     "JobHistory", "JobManager", "JobProgress", "JobQuerySet", "LeaseOver", "PausedQueue",
     "QueueControl", "QueueDatabaseManager", "QueueWorker", "ScheduleState", "State",
-    "TaskResultRecord", "UniqueWindow", "analyze_if_large", "bounds_condition", "check_rows",
-    "holds_unique_key", "record_id", "sql_names",
+    "TaskResultRecord", "UniqueWindow", "bounds_condition", "check_rows",
+    "record_id", "sql_names",
 ]  # fmt: skip

@@ -1,20 +1,18 @@
 """The queue's tables, their named querysets and the one vocabulary of a job's state.
 
 No state change lives here: a job's life after its claim is ``lifecycle``, the
-claim is ``claims``. ``Job.objects.bulk_enqueue`` inserts rows built by hand,
-checked against the table's bounds first.
+claim is ``claims``; every INSERT of job rows is ``insert``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import IntegrityError, connections, models, transaction
+from django.db import models
 from django.db.models import F, Func, Q
 
 from ..db import DbNow, alias
@@ -28,7 +26,7 @@ ANALYZE_AFTER = 1000
 # checker keeps the attribute declared on the model).
 DB_NOW = {"db_now": DbNow()}
 # The unique index of ``Job.unique_key`` (migration 0008).
-UNIQUE_INDEX = "dbqueue_job_unique"
+UNIQUE_INDEX = "dbqueue_job_unique"  # on Job.unique_key (migration 0008)
 # Values of ``Job.cancel``.
 NO_CANCEL, CANCEL, CANCEL_HARD = 0, 1, 2
 CANCELLED_CLASS = "django_dbqueue.exceptions.JobCancelled"
@@ -149,48 +147,6 @@ class JobManager(models.Manager["Job"]):
         """The expired reservations, as a list (``get_queryset().expired()`` is the queryset)."""
         return list(self.get_queryset().expired())
 
-    def bulk_enqueue(self, jobs: Iterable[Job], *, batch_size: int = 1000) -> list[Job]:
-        """Insert many jobs, one statement per ``batch_size`` rows; a row whose unique
-        key another job holds is left out (see ``insert_each``).
-
-        On PostgreSQL a large insert is followed by ANALYZE (``analyze_if_large``).
-        """
-        rows = list(jobs)
-        check_rows(rows)
-        if any(row.unique_key for row in rows):
-            return [row for row in self.insert_each(rows) if row is not None]
-        queryset = self.get_queryset()
-        rows = queryset.bulk_create(rows, batch_size=batch_size)
-        analyze_if_large(queryset.db, len(rows))
-        return rows
-
-    def insert_each(self, rows: Sequence[Job]) -> list[Job | None]:
-        """Insert ``rows`` one by one in one transaction; a row whose unique key
-        another job holds is left out (None in its place) and logged.
-
-        For rows built from stored steps (a chain's next step, a callback, a retry
-        from FailedJob): such a duplicate is dropped, as a duplicate enqueue is,
-        under a savepoint of its own, and never fails the transaction that carries it.
-        """
-        using = self.get_queryset().db
-        check_rows(rows)
-        inserted: list[Job | None] = []
-        with transaction.atomic(using=using):
-            for row in rows:
-                try:
-                    with transaction.atomic(using=using) if row.unique_key else nullcontext():
-                        row.save(force_insert=True, using=using)
-                except IntegrityError as exc:
-                    if not row.unique_key or not holds_unique_key(exc, connections[using]):
-                        raise
-                    holder = self.get_queryset().filter(unique_key=row.unique_key).values_list("pk", flat=True).first()
-                    logger.info("job=%s not enqueued: job %s holds its unique key %r", row.name, holder, row.unique_key)
-                    row.pk = None
-                    inserted.append(None)
-                    continue
-                inserted.append(row)
-        return inserted
-
 
 def check_rows(rows: Iterable[Job]) -> None:
     """Raise ValueError naming the first row that holds a value out of the table's bounds."""
@@ -198,33 +154,6 @@ def check_rows(rows: Iterable[Job]) -> None:
         error = row_error(row.__dict__)
         if error is not None:
             raise ValueError(f"Cannot enqueue {row.name}: {error}")
-
-
-def holds_unique_key(exc: IntegrityError, connection: Any) -> bool:
-    """Tell whether ``exc`` is a conflict on the unique index of ``Job.unique_key``, and no other."""
-    cause = exc.__cause__
-    if connection.vendor == "postgresql":
-        return getattr(getattr(cause, "diag", None), "constraint_name", None) == UNIQUE_INDEX
-    if connection.vendor == "mysql":
-        # (1062, "Duplicate entry '...' for key 'dbqueue_job_unique'"); MySQL 8: 'dbqueue_job.dbqueue_job_unique'.
-        args = cause.args if cause is not None else ()
-        if len(args) < 2 or args[0] != 1062:
-            return False
-        return str(args[1]).rstrip().endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
-    if connection.vendor == "sqlite":
-        column = Job._meta.get_field("unique_key").column
-        return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{column}"
-    return False
-
-
-def analyze_if_large(using: str, count: int) -> None:
-    """On PostgreSQL, refresh the job table's statistics after inserting ``count`` rows, if many:
-    planned with the statistics of a nearly empty table, the claim would sort the
-    whole queue instead of reading its index in order."""
-    connection = connections[using]
-    if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
 
 
 def sql_names(connection: Any, *fields: str) -> list[str]:

@@ -1,0 +1,87 @@
+"""The context a job receives: who it is, its progress, snooze, cancel checks and its batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .batches import BatchHandle, get_batch
+from .exceptions import JobCancelled, Snooze
+
+if TYPE_CHECKING:
+    from .progress import Tracker
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a job defined with ``takes_context=True`` receives as its first argument,
+    and what every middleware receives."""
+
+    job_id: int
+    name: str
+    queue: str
+    # Reservations of the job so far, this one included: every run, snoozed ones too.
+    attempt: int
+    tries: int
+    worker_id: str = ""
+    # For a chain step: the chain's id, this step's number (from 1) and the step count.
+    chain_id: str | None = None
+    step: int = 1
+    steps: int = 1
+    tracker: Tracker | None = dataclasses.field(default=None, repr=False, compare=False)
+    # Earlier reservations that spent no try (snoozes, lost connections).
+    given_back: int = 0
+    # The call's arguments (without the context), for middleware; read-only.
+    args: tuple[Any, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    kwargs: Mapping[str, Any] = dataclasses.field(default=MappingProxyType({}), repr=False, compare=False)
+    # The level of a cancel request the worker has seen for this run (0: none).
+    cancel_probe: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The batch this job is a member of, or whose callback it is (batches.py).
+    batch_id: int | None = None
+
+    @property
+    def batch(self) -> BatchHandle | None:
+        """The job's batch, read now (``batch.is_cancelled``, ``batch.add(...)``); None outside a batch."""
+        return None if self.batch_id is None else get_batch(self.batch_id)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Tell whether the job was asked to stop: cancelled (``JobHandle.cancel``,
+        ``queue_cancel``, the admin), past its timeout, or its worker stopped twice.
+
+        The worker learns of a cancel request within about a second of it (a run
+        shorter than that is never asked). Nothing is raised into a job from outside:
+        a job that looks here (or calls ``check_cancelled``) stops where it chose to;
+        one that runs on ``TIMEOUT_GRACE`` seconds after a timeout or a hard cancel
+        ends its worker process.
+        """
+        return bool(self.cancel_probe is not None and self.cancel_probe())
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if the job was asked to stop; call it where stopping is safe."""
+        if self.cancel_requested:
+            raise JobCancelled(f"{self.name} (job {self.job_id}) was cancelled while it ran")
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """Tell whether a failure of this run uses the job's last try."""
+        return self.attempt - self.given_back >= self.tries
+
+    def snooze(self, seconds: float | timedelta) -> NoReturn:
+        """Stop this run and run the job again after ``seconds``, without spending a try."""
+        raise Snooze(seconds)
+
+    @property
+    def progress_key(self) -> str:
+        """Where progress is stored: ``chain:<id>`` for a chain step, else the job's id."""
+        return f"chain:{self.chain_id}" if self.chain_id else str(self.job_id)
+
+    def progress(self, percent: float, stage: str = "") -> None:
+        """Report progress (0-100, clamped) and a short stage; never rolled back, and raises
+        only ``JobCancelled``, once the job was asked to stop."""
+        self.check_cancelled()
+        if self.tracker is not None:
+            self.tracker.report(percent, stage)

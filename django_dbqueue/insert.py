@@ -1,0 +1,610 @@
+"""Every INSERT of job rows (``rows.NewJob``: the times come from the database's clock).
+
+The columns are derived from ``Job._meta``: a NewJob's own values, its flow
+columns, the two times, and every other column at its field's default. One
+statement per database (docs/performance.md has the figures):
+
+- PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column,
+  the times coming back with the ids; a single enqueue calls ``dbqueue_enqueue``
+  (migration 0011), whose INSERT the server keeps planned per session; rows that
+  need not come back go through ``COPY``.
+- SQLite, MariaDB, MySQL: one multi-row ``INSERT ... VALUES``, the clock read once
+  per batch, ``RETURNING id`` where the database has it (not plain MySQL).
+
+A new job whose unique key another row holds comes back as ``Held``, naming that row,
+and the caller's transaction goes on: the unique index decides (docs/unique.md), with
+``ON CONFLICT DO NOTHING`` on PostgreSQL, elsewhere in a savepoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .db import alias, cached_sql, kept_cursor
+from .models import ANALYZE_AFTER, UNIQUE_INDEX, Job, check_rows
+from .rows import COLUMNS, FIELDS, NO_FLOW, OWN, PK, START, TIMES, Flow, NewJob, row_values, saved_job
+
+logger = logging.getLogger("django_dbqueue")
+
+
+class Held(NamedTuple):
+    """A new job not inserted: job ``job_id`` holds its key or window (None: plain MySQL's bulk insert)."""
+
+    key: str
+    job_id: int | None
+
+
+class Row(NamedTuple):
+    """A row inserted on PostgreSQL; its model instance is built only when asked for."""
+
+    using: str
+    new: NewJob
+    pk: int
+    available_at: datetime
+    created_at: datetime
+
+    def job(self) -> Job:
+        return saved_job(self.using, self.new, self.pk, self.available_at, self.created_at)
+
+
+def _column(connection: BaseDatabaseWrapper, name: str) -> str:
+    return str(connection.ops.quote_name(str(FIELDS[name].column)))
+
+
+def analyze_if_large(using: str, count: int) -> None:
+    """On PostgreSQL, refresh the job table's statistics after inserting ``count`` rows, if many:
+    planned with those of a nearly empty table, the claim would sort the whole queue."""
+    connection = connections[using]
+    if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
+
+
+def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool = True) -> list[Job | Held]:
+    """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows; return
+    the saved rows in order, with ids (not on plain MySQL) and times, or ``Held`` for a job
+    whose key a row or an earlier job holds. ``analyze=False``: the caller runs ``analyze_if_large``."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    if not new_jobs:
+        return []
+    using = alias()
+    connection = connections[using]
+    if any(new.unique_key for new in new_jobs):
+        return _insert_unique(connection, using, new_jobs, batch_size, analyze)
+    jobs: list[Job | Held] = []
+    with transaction.atomic(using=using, savepoint=False):
+        if connection.vendor == "postgresql":
+            with Stream(connection, using) as stream:
+                for start in range(0, len(new_jobs), batch_size):
+                    jobs += [row.job() for row in stream.send(new_jobs[start : start + batch_size])]
+                jobs += [row.job() for row in stream.flush()]
+        else:
+            jobs += _insert_values(connection, using, new_jobs, batch_size)
+    if analyze:
+        analyze_if_large(using, len(jobs))
+    return jobs
+
+
+def insert_one(new: NewJob) -> Job | Held:
+    """Insert one new job and return it saved, with its id and times (or ``Held``)."""
+    row = None if new.unique_key else insert_row(new, alias())
+    return row.job() if row else insert_many([new])[0]
+
+
+def insert_row(new: NewJob, using: str) -> Row | None:
+    """On PostgreSQL, insert one new job without a unique key and return its row; elsewhere None.
+
+    One call of ``dbqueue_enqueue``, whose INSERT the server keeps planned (a statement
+    sent from here is planned at every call: Django's prepared statements are off), in
+    no transaction of its own, so inside the caller's it becomes visible on its commit.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    cursor = kept_cursor(connection)
+    if new.flow is None and new.batch_id is None:
+        cursor.execute(_ENQUEUE_PLAIN, new[:_WITH_DELAY])
+    else:
+        cursor.execute(_ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or NO_FLOW), new.batch_id))
+    return Row(using, new, *cursor.fetchone())
+
+
+# The function's parameters: those of ``NewJob`` up to the delay; then, if the
+# job uses flow control or is in a batch, the ``Flow`` columns and the batch.
+_WITH_DELAY = NewJob._fields.index("delay") + 1
+_ENQUEUE_PLAIN = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * _WITH_DELAY)})"
+_ENQUEUE_FLOW = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * (_WITH_DELAY + len(Flow._fields) + 1))})"
+
+
+class Stream:
+    """Batches inserted one statement ahead, in pipeline mode (PostgreSQL, in a transaction):
+    ``send`` returns the rows of the batch sent before (the server inserts one batch while
+    the caller prepares the next), ``flush`` the last batch's."""
+
+    def __init__(self, connection: BaseDatabaseWrapper, using: str) -> None:
+        self.connection, self.using, self.usable = connection, using, connection.vendor == "postgresql"
+        self._sent: tuple[Sequence[NewJob], Any] | None = None
+        self._pipeline: Any = None
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(*exc_info)
+
+    def send(self, batch: Sequence[NewJob]) -> list[Row]:
+        if self._pipeline is None:
+            self._pipeline = _pipeline(self.connection)
+            self._pipeline.__enter__()
+        cursor = self.connection.cursor()
+        cursor.execute(*_unnest(self.connection, batch))
+        done = self._read()
+        self._sent = (batch, cursor)
+        return done
+
+    def flush(self) -> list[Row]:
+        done = self._read()
+        self.__exit__(None, None, None)
+        return done
+
+    def _read(self) -> list[Row]:
+        if self._sent is None:
+            return []
+        batch, cursor = self._sent
+        self._sent = None
+        with cursor:
+            returned = cursor.fetchall()
+        # RETURNING gives the rows in the order the SELECT read them, the arrays'
+        # order (which Django's own unnest bulk_create relies on too).
+        return [Row(self.using, new, *row) for new, row in zip(batch, returned, strict=True)]
+
+
+def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
+    """Insert ``new_jobs`` (none with a unique key) and return how many; nothing comes back.
+    PostgreSQL: one ``COPY`` (the enqueue trigger's NOTIFY fires once, as for an INSERT)."""
+    if connection.vendor != "postgresql":
+        # One statement that SQLite prepares once and mysqlclient sends as one multi-row INSERT.
+        with connection.cursor() as cursor:
+            now, created = _clock(cursor, connection)
+            adapt = connection.ops.adapt_datetimefield_value
+            rows = [
+                row_values(new, adapt(now + timedelta(seconds=new.delay)) if new.delay > 0 else created, created)
+                for new in new_jobs
+            ]
+            cursor.executemany(f"INSERT INTO {_table(connection)} VALUES {_ROW_MARKS}", rows)
+        return len(new_jobs)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        (now,) = cursor.fetchone()
+        created = now.isoformat()
+        times = [(now + timedelta(seconds=new.delay)).isoformat() if new.delay > 0 else created for new in new_jobs]
+        lines = [
+            "\t".join(map(_copy_value, row_values(new, at, created))) for new, at in zip(new_jobs, times, strict=True)
+        ]
+        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {_table(connection)} FROM STDIN") as copy:
+            copy.write("\n".join(lines) + "\n")
+    return len(new_jobs)
+
+
+def _copy_value(value: Any) -> str:
+    """COPY's text format: ``\\N`` for NULL, backslashes, tabs and line ends escaped."""
+    if value is None:
+        return "\\N"
+    if value is True or value is False:
+        return "t" if value else "f"
+    text = str(value)
+    if "\\" in text or "\n" in text or "\r" in text or "\t" in text:
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return text
+
+
+@cached_sql
+def _table(connection: BaseDatabaseWrapper) -> str:
+    """The job table and a new row's columns, as the INSERT and the COPY name them."""
+    columns = ", ".join(_column(connection, name) for name in COLUMNS)
+    return f"{connection.ops.quote_name(Job._meta.db_table)} ({columns})"
+
+
+def _insert_values(
+    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int
+) -> list[Job]:
+    """One ``INSERT ... VALUES`` of many rows per batch (``RETURNING id`` where there is), the clock read once."""
+    limit = _max_params(connection)
+    per_statement = max(1, min(batch_size, limit // len(COLUMNS))) if limit else batch_size
+    ids_back = connection.features.can_return_rows_from_bulk_insert
+    head = f"INSERT INTO {_table(connection)} VALUES "
+    jobs: list[Job] = []
+    with transaction.atomic(using=using, savepoint=False), connection.cursor() as cursor:
+        now, created = _clock(cursor, connection)
+        for start in range(0, len(new_jobs), per_statement):
+            batch = new_jobs[start : start + per_statement]
+            times = [now if new.delay <= 0 else now + timedelta(seconds=new.delay) for new in batch]
+            adapt = connection.ops.adapt_datetimefield_value
+            params: list[Any] = []
+            for new, at in zip(batch, times, strict=True):
+                params += row_values(new, created if at is now else adapt(at), created)
+            sql = head + ", ".join([_ROW_MARKS] * len(batch))
+            if ids_back:
+                cursor.execute(f"{sql} RETURNING {_column(connection, PK)}", params)
+                ids: list[int | None] = [row[0] for row in cursor.fetchall()]
+            else:
+                cursor.execute(sql, params)
+                # One row: its id is the connection's last one (plain MySQL); many: unknown there.
+                ids = [cursor.lastrowid] if len(batch) == 1 else [None] * len(batch)
+            jobs += [saved_job(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
+    return jobs
+
+
+_ROW_MARKS = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
+
+
+def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]:
+    """The database's clock now, as an aware UTC datetime and as stored: on SQLite the
+    reading's own text ("…:05.123"), which times compare as; stored as Django writes it
+    ("…:05.123000") a job would not be available before the next millisecond."""
+    if connection.vendor == "mysql":
+        cursor.execute("SELECT UTC_TIMESTAMP(6)")
+        (value,) = cursor.fetchone()
+        clock: datetime = value.replace(tzinfo=UTC)
+        return clock, connection.ops.adapt_datetimefield_value(clock)
+    cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+    (text,) = cursor.fetchone()
+    return datetime.fromisoformat(text).replace(tzinfo=UTC), text
+
+
+def _max_params(connection: BaseDatabaseWrapper) -> int | None:
+    """How many parameters one statement may have (None: no limit but the packet size).
+    SQLite's is the connection's own (Django 5.2 assumes the oldest default, 999)."""
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        return int(connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    limit = connection.features.max_query_params
+    return None if limit is None else int(limit)
+
+
+# -- unique keys ----------------------------------------------------------------
+
+
+def _insert_unique(
+    connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, analyze: bool = True
+) -> list[Job | Held]:
+    """``insert_many`` of jobs with keys: the first of each key unless a row holds it; the others ``Held``."""
+    todo = _Unique(connection, using, new_jobs, batch_size)
+    if connection.vendor != "postgresql":
+        todo.savepoints()
+    elif len(new_jobs) == 1:
+        # One statement, atomic by itself: no transaction of its own, as ``insert_one``.
+        todo.on_conflict()
+    else:
+        with transaction.atomic(using=using, savepoint=False):
+            todo.on_conflict()
+    first: dict[str, Job | Held] = {}
+    outcomes: list[Job | Held] = []
+    for key, outcome in zip(todo.keys, todo.results, strict=True):
+        if outcome is None:  # a later job of a key shares the fate of the first
+            assert key is not None
+            earlier = first[key]
+            outcome = Held(key, earlier.pk if isinstance(earlier, Job) else earlier.job_id)
+        elif key is not None:
+            first.setdefault(key, outcome)
+        outcomes.append(outcome)
+    if analyze:
+        analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
+    return outcomes
+
+
+class _Unique:
+    """One insert with unique keys: ``pending``, the jobs still to insert; ``results``, the outcomes."""
+
+    def __init__(self, connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], size: int) -> None:
+        self.connection, self.using, self.new_jobs, self.size = connection, using, new_jobs, size
+        self.keys = [new.unique_key for new in new_jobs]
+        self.results: list[Job | Held | None] = [None] * len(new_jobs)
+        first = {key: index for index, key in reversed(list(enumerate(self.keys)))}
+        self.pending = [index for index, key in enumerate(self.keys) if key is None or first[key] == index]
+
+    def on_conflict(self) -> None:
+        """PostgreSQL: ``ON CONFLICT DO NOTHING``, then the holders of the keys left out are read."""
+        self._round(_SKIP)
+        self.mark_held()
+        if not self.pending:
+            return
+        # A holder finished between the conflict and the read of it: its key may be
+        # free now. Insert again, locking whatever holds the key this time.
+        with transaction.atomic(using=self.using, savepoint=False):
+            self._round(_LOCK)
+            self.mark_held()
+        if self.pending:
+            raise RuntimeError(
+                f"unique key {self.keys[self.pending[0]]!r} was held by a row that could not be read; "
+                "is the transaction's isolation level READ COMMITTED?"
+            )
+
+    def _round(self, conflict: str) -> None:
+        batches = [self.pending[start : start + self.size] for start in range(0, len(self.pending), self.size)]
+        with _pipeline(self.connection) if len(batches) > 1 else nullcontext():
+            sent = []
+            for batch in batches:
+                cursor = self.connection.cursor()
+                cursor.execute(*_unnest(self.connection, [self.new_jobs[index] for index in batch], conflict))
+                sent.append((batch, cursor))
+            for batch, cursor in sent:
+                with cursor:
+                    returned = cursor.fetchall()
+                # Rows with a key are found by it (a left-out row returns nothing);
+                # the others come back in the arrays' order.
+                keyed = {row[3]: row for row in returned if row[3] is not None}
+                plain = iter([row for row in returned if row[3] is None])
+                for index in batch:
+                    new = self.new_jobs[index]
+                    row = keyed.get(new.unique_key) if new.unique_key else next(plain)
+                    if row is not None:
+                        self.results[index] = saved_job(self.using, new, *row[:3])
+        self.pending = [index for index in self.pending if self.results[index] is None]
+
+    def savepoints(self) -> None:
+        """Insert the pending jobs in a savepoint; after a conflict on the unique index, read
+        the holders of the keys and insert the rest again. A conflicting key's holder cannot
+        vanish before it is read (InnoDB keeps a shared lock on its index entry, SQLite the
+        write lock), so each failed round finds one. InnoDB's lock covers the gap before
+        the entry too, where any new row (keyed or not: NULLs are in the index) may fall,
+        and two enqueues holding such locks deadlock: so on MariaDB/MySQL the keys held are
+        read first, and alone a conflict ends the transaction (nothing was written yet)."""
+        using, mysql = self.using, self.connection.vendor == "mysql"
+        restart = mysql and not self.connection.in_atomic_block
+        error: IntegrityError | None = None
+        rounds = len(self.pending) + 2
+        while rounds:
+            with transaction.atomic(using=using):
+                if mysql:
+                    self.mark_held()
+                while self.pending and rounds:
+                    rounds -= 1
+                    try:
+                        with transaction.atomic(using=using):
+                            batch = [self.new_jobs[index] for index in self.pending]
+                            saved = _insert_values(self.connection, using, batch, self.size)
+                    except IntegrityError as exc:
+                        if not holds_unique_key(exc, self.connection):
+                            raise
+                        error = exc
+                        if restart:
+                            transaction.set_rollback(True, using=using)
+                            break
+                        # Read with a lock if need be: a consistent read under REPEATABLE READ may not see it yet.
+                        if not self.mark_held():
+                            self.mark_held(lock=True)
+                        continue
+                    for index, job in zip(self.pending, saved, strict=True):
+                        self.results[index] = job
+                    return
+                if not self.pending:
+                    return
+        assert error is not None
+        raise error
+
+    def mark_held(self, *, lock: bool = False) -> bool:
+        """Mark the pending jobs whose keys a row holds now as ``Held``; tell whether any was."""
+        keys = [key for key in (self.keys[index] for index in self.pending) if key is not None]
+        holders = unique_key_holders(self.using, keys, lock=lock)
+        for index in self.pending:
+            key = self.keys[index]
+            if key is not None and key in holders:
+                self.results[index] = Held(key, holders[key])
+        left = [index for index in self.pending if self.results[index] is None]
+        found, self.pending = len(left) < len(self.pending), left
+        return found
+
+
+def unique_key_holders(using: str, keys: Sequence[str], *, lock: bool = False) -> dict[str, int]:
+    """The ids of the rows that hold ``keys`` now, by key (``lock``: locked until the transaction ends)."""
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), 500):
+        queryset = Job.objects.db_manager(using).filter(unique_key__in=keys[start : start + 500]).order_by()
+        if lock:
+            queryset = queryset.select_for_update()
+        found.update((key, pk) for key, pk in queryset.values_list("unique_key", "pk") if key is not None)
+    return found
+
+
+def is_deadlock(exc: DatabaseError, connection: BaseDatabaseWrapper) -> bool:
+    """Tell whether the database ended the transaction to break a deadlock (it may be run again)."""
+    cause = exc.__cause__
+    if connection.vendor == "postgresql":
+        return (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == "40P01"
+    if connection.vendor == "mysql":
+        return bool(cause is not None and cause.args and cause.args[0] == 1213)
+    return False
+
+
+def holds_unique_key(exc: IntegrityError, connection: BaseDatabaseWrapper) -> bool:
+    """Tell whether ``exc`` is a conflict on the unique index of ``Job.unique_key``, and no other."""
+    cause = exc.__cause__
+    if connection.vendor == "postgresql":
+        return getattr(getattr(cause, "diag", None), "constraint_name", None) == UNIQUE_INDEX
+    if connection.vendor == "mysql":
+        # (1062, "Duplicate entry '...' for key 'dbqueue_job_unique'"); MySQL 8: 'dbqueue_job.dbqueue_job_unique'.
+        args = cause.args if cause is not None else ()
+        return (
+            len(args) >= 2
+            and args[0] == 1062
+            and str(args[1]).rstrip().endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
+        )
+    if connection.vendor == "sqlite":
+        column = FIELDS["unique_key"].column
+        return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{column}"
+    return False
+
+
+def bulk_enqueue(rows: Sequence[Job], using: str | None = None, *, batch_size: int = 1000) -> list[Job]:
+    """Insert ``Job`` rows built by hand (checked against the table's bounds first), one
+    statement per ``batch_size`` rows; a row whose unique key another job holds is left
+    out (see ``insert_each``). On PostgreSQL a large insert is followed by ANALYZE."""
+    using = using or alias()
+    check_rows(rows)
+    if any(row.unique_key for row in rows):
+        return [row for row in insert_each(rows, using) if row is not None]
+    inserted = Job.objects.using(using).bulk_create(rows, batch_size=batch_size)
+    analyze_if_large(using, len(inserted))
+    return inserted
+
+
+def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | None]:
+    """Insert rows built from stored steps (a chain's next step, a callback, a retry from
+    FailedJob) one by one in one transaction; a row whose unique key another job holds is
+    left out (None in its place) and logged, as a duplicate enqueue is: each keyed row is
+    inserted under a savepoint, so the index's refusal undoes that row alone."""
+    using = using or alias()
+    check_rows(rows)
+    inserted: list[Job | None] = []
+    with transaction.atomic(using=using):
+        for row in rows:
+            try:
+                with transaction.atomic(using=using) if row.unique_key else nullcontext():
+                    row.save(force_insert=True, using=using)
+            except IntegrityError as exc:
+                if not row.unique_key or not holds_unique_key(exc, connections[using]):
+                    raise
+                holder = unique_key_holders(using, [row.unique_key]).get(row.unique_key)
+                logger.info("job=%s not enqueued: job %s holds its unique key %r", row.name, holder, row.unique_key)
+                row.pk = None
+                inserted.append(None)
+                continue
+            inserted.append(row)
+    return inserted
+
+
+# -- the unnest INSERT (PostgreSQL) ---------------------------------------------
+
+# How the unnest INSERT meets a row that holds one of its keys: no ON CONFLICT (no
+# key in the batch); DO NOTHING (the new row is left out of RETURNING); or, once a
+# holder vanished between the conflict and the read of it, DO UPDATE ... WHERE
+# false, which updates nothing but locks the holder, so the read that follows finds it.
+_PLAIN, _SKIP, _LOCK = "", "skip", "lock"
+
+
+# Each column travels as one PostgreSQL array literal, built here: joining
+# strings costs less than psycopg adapting a list value by value.
+def _text_array(values: Sequence[str]) -> str:
+    """``{"a","b"}``: each element double-quoted, with its backslashes and double quotes escaped."""
+    return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
+
+
+def _nullable_text_array(values: Sequence[str | None]) -> str:
+    return "{" + ",".join(["NULL" if v is None else _text_array([v])[1:-1] for v in values]) + "}"
+
+
+def _int_array(values: Sequence[int | None]) -> str:
+    return "{" + ",".join(["NULL" if v is None else str(int(v)) for v in values]) + "}"
+
+
+def _encoder(name: str) -> tuple[str, Callable[[Sequence[Any]], str]]:
+    """The array type of a column sent (text, not varchar(n), whose cast would silently
+    cut a longer value that the INSERT refuses) and its encoder."""
+    if name == "delay":
+        return "float8", lambda values: "{" + ",".join([repr(float(v)) for v in values]) + "}"
+    field = FIELDS[name]
+    kind = field.get_internal_type()
+    if kind in ("CharField", "TextField"):
+        return "text", _nullable_text_array if field.null else _text_array
+    if kind == "BooleanField":
+        return "boolean", lambda values: "{" + ",".join(["t" if v else "f" for v in values]) + "}"
+    return "", _int_array  # the field's own type, read per database when the statement is built
+
+
+_ARRAYS = {name: _encoder(name) for name in (*NewJob._fields[: len(OWN) + 1], "batch_id", *Flow._fields)}
+
+
+def _unnest(connection: BaseDatabaseWrapper, batch: Sequence[NewJob], conflict: str = _PLAIN) -> tuple[str, list[str]]:
+    """The unnest INSERT of ``batch`` and its parameters, one array per column sent: the
+    batch and flow columns only if a job uses them (the flow always with ``conflict``,
+    where a row whose key is held is left out and RETURNING gives each row's key)."""
+    columns = dict(zip(NewJob._fields, zip(*batch, strict=True), strict=True))
+    sent = list(NewJob._fields[: len(OWN) + 1])  # the row's own values and the delay
+    if any(columns["batch_id"]):
+        sent.append("batch_id")
+    if conflict or any(columns["flow"]):
+        columns.update(zip(Flow._fields, zip(*[new.flow or NO_FLOW for new in batch], strict=True), strict=True))
+        sent += Flow._fields
+    params = [_ARRAYS[name][1](columns[name]) for name in sent]
+    return _unnest_sql(tuple(sent), conflict)(connection), params
+
+
+@functools.cache
+def _unnest_sql(sent: tuple[str, ...], conflict: str) -> Callable[[BaseDatabaseWrapper], str]:
+    return cached_sql(functools.partial(_build_unnest, sent=sent, conflict=conflict))
+
+
+def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], conflict: str) -> str:
+    def literal(value: Any) -> str:
+        if value is None or isinstance(value, bool):
+            return {None: "NULL", True: "true", False: "false"}[value]
+        return str(value) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
+
+    stored = [name for name in sent if name != "delay"]
+    names = ", ".join(_column(connection, name) for name in (*stored, *TIMES, *START))
+    values = [f"r.{name}" for name in stored]
+    values += ["statement_timestamp() + make_interval(secs => r.delay)", "statement_timestamp()"]
+    values += [literal(value) for value in START.values()]
+    arrays = ", ".join(f"%s::{_ARRAYS[name][0] or FIELDS[name].cast_db_type(connection)}[]" for name in sent)
+    returning = "RETURNING " + ", ".join(_column(connection, name) for name in (PK, *TIMES))
+    on_conflict = ""
+    if conflict:
+        key = _column(connection, "unique_key")
+        # The target names the partial unique index (migration 0008) by its column and predicate.
+        on_conflict = f"ON CONFLICT ({key}) WHERE {key} IS NOT NULL " + (
+            "DO NOTHING " if conflict == _SKIP else f"DO UPDATE SET {key} = EXCLUDED.{key} WHERE false "
+        )
+        returning += f", {key}"
+    return (
+        f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} ({names}) SELECT {', '.join(values)} "
+        f"FROM unnest({arrays}) AS r({', '.join(sent)}) {on_conflict}{returning}"
+    )
+
+
+@contextmanager
+def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """psycopg's pipeline mode where libpq has it (14 or later); a connection that breaks
+    meanwhile raises its own error, not psycopg's "cannot exit pipeline mode while busy"."""
+    import psycopg
+
+    raw = connection.connection
+    if not psycopg.Pipeline.is_supported():
+        yield
+        return
+    with connection.wrap_database_errors:
+        pipeline = raw.pipeline()
+        pipeline.__enter__()
+        try:
+            yield
+        except BaseException as exc:
+            # Its warnings dropped: an error that says more is on its way to the caller.
+            quiet = logging.getLogger("psycopg")
+            quiet.addFilter(_DROP_WARNINGS)
+            try:
+                pipeline.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                quiet.removeFilter(_DROP_WARNINGS)
+            raise
+        try:
+            pipeline.__exit__(None, None, None)
+        except psycopg.Error as exc:
+            if raw.broken or raw.closed:
+                raise psycopg.OperationalError(f"the connection to the database was lost: {exc}") from exc
+            raise
+
+
+def _DROP_WARNINGS(record: logging.LogRecord) -> bool:
+    return record.levelno > logging.WARNING
