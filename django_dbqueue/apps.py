@@ -1,13 +1,9 @@
 import django
 from django.apps import AppConfig
-from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
-
-def uses_tasks_backend() -> bool:
-    """Tell whether a TASKS backend of the project is django-dbqueue's."""
-    backends = getattr(settings, "TASKS", None) or {}
-    return any(str(params.get("BACKEND", "")).startswith("django_dbqueue.") for params in backends.values())
+from . import conf
+from .errors import install_log_filter
 
 
 class DbQueueConfig(AppConfig):
@@ -16,8 +12,7 @@ class DbQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf  # noqa: F401  (registers the system checks)
-        from .errors import install_log_filter
+        from . import checks  # noqa: F401  (registers the system checks)
 
         # Here rather than in LOGGING: the queue's warnings are scrubbed whatever the
         # project's logging configuration, which Django applies before ready().
@@ -30,6 +25,6 @@ class DbQueueConfig(AppConfig):
         if conf.get("AUTODISCOVER"):
             # Like admin.py: every installed app's jobs.py, so a worker knows every job.
             autodiscover_modules("jobs")
-            if django.VERSION >= (6, 0) and uses_tasks_backend():
+            if django.VERSION >= (6, 0) and conf.task_backend_queues() is not None:
                 # And tasks.py, where django.tasks tasks live by convention.
                 autodiscover_modules("tasks")

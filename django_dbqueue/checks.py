@@ -13,9 +13,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.urls import NoReverseMatch, reverse
 
-from . import conf, middleware, rates, registry, validation
+from . import conf, middleware, rates, registry, schedules, validation
+from .db import CLAIM_VENDORS
+from .metrics import prometheus_installed
+from .pool import connections_per_process
 
-CLAIM_VENDORS = ("postgresql", "mysql", "sqlite")
 # Characters a METRICS_TOKEN needs at least: a short one can be guessed.
 MIN_TOKEN_LENGTH = 16
 
@@ -291,9 +293,7 @@ def check_database(
 @register()
 def check_tasks_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """The django.tasks backend needs django.tasks, which Django 6.0 added."""
-    from .apps import uses_tasks_backend
-
-    if django.VERSION < (6, 0) and uses_tasks_backend():
+    if django.VERSION < (6, 0) and conf.task_backend_queues() is not None:
         return [
             Error(
                 "TASKS uses django_dbqueue's backend, but django.tasks needs Django 6.0 or newer "
@@ -354,8 +354,6 @@ def check_worker(concurrency: int | None, timeout: int | None) -> list[CheckMess
 def check_worker_connections(processes: int, threads: int, async_slots: int) -> list[CheckMessage]:
     """Warn when the connections one ``queue_work`` command may open (see
     ``pool.connections_per_process``) take half the server's ``max_connections`` or more."""
-    from .pool import connections_per_process
-
     needed = processes * connections_per_process(threads, async_slots)
     connection = connections[conf.get("DATABASE")]
     query = {"postgresql": "SHOW max_connections", "mysql": "SELECT @@max_connections"}.get(connection.vendor)
@@ -387,8 +385,6 @@ def check_worker_connections(processes: int, threads: int, async_slots: int) -> 
 @register()
 def check_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """Every periodic schedule needs a cron expression cronsim reads, a known time zone and a registered job."""
-    from . import schedules
-
     messages: list[CheckMessage] = []
     for schedule in schedules.all_schedules().values():
         error = schedule.expression_error()
@@ -425,8 +421,6 @@ def check_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
 @register(Tags.urls)
 def check_metrics_extra(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """The metrics view, once mounted, needs the ``prometheus`` extra."""
-    from .metrics import prometheus_installed
-
     # Settings without ROOT_URLCONF (a worker-only settings module) mount no view.
     if prometheus_installed() or not getattr(settings, "ROOT_URLCONF", None):
         return []

@@ -100,6 +100,16 @@ def get(key: str) -> Any:
     return get_settings()[key]
 
 
+def task_backend_queues() -> set[str] | None:
+    """The queues of the project's ``TASKS`` backends that are this package's; None if there are none."""
+    backends = getattr(settings, "TASKS", None) or {}
+    ours = [params for params in backends.values() if str(params.get("BACKEND", "")).startswith("django_dbqueue.")]
+    if not ours:
+        return None
+    # Django's BaseTaskBackend: QUEUES, else the one queue "default".
+    return {queue for params in ours for queue in params.get("QUEUES", ["default"])}
+
+
 def user_settings() -> Any:
     """Return the project's ``DBQUEUE`` value as written, for the system checks."""
     return getattr(settings, "DBQUEUE", None)

@@ -26,6 +26,10 @@ class DbNow(Now):
         return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
 
 
+# The vendors whose claim this package knows (skip locked, or compare-and-set on SQLite).
+CLAIM_VENDORS = ("postgresql", "mysql", "sqlite")
+
+
 def alias() -> str:
     """Return the database alias that holds the queue."""
     return str(conf.get("DATABASE"))

@@ -33,6 +33,7 @@ from django.views.decorators.http import require_safe
 
 from . import operations, workers
 from .db import alias
+from .management import options
 from .metrics import HEALTH_PERMISSIONS, refusal
 from .models import QueueWorker
 
@@ -206,7 +207,6 @@ def _json(data: dict[str, Any], status: int) -> JsonResponse:
 def thresholds_from(query: Any) -> Thresholds:
     """Read ``?workers=&host=&max_depth=&max_age=&queue=`` (``queue`` repeated or comma-separated);
     raise ``argparse.ArgumentTypeError`` naming a bad value."""
-    from .management import options
 
     def one(name: str, parse: Any, default: Any, text: str | None = None) -> Any:
         text = query.get(name) if text is None else text

@@ -170,23 +170,7 @@ def _unknown_message(unknown: list[str]) -> str:
 
 def _task_queues() -> set[str]:
     """The queues declared by the ``TASKS`` backends that are this package's (Django 6.0 and later)."""
-    try:
-        from django.tasks import task_backends
-        from django.tasks.exceptions import InvalidTaskBackend
-    except ImportError:
-        return set()
-    from .tasks import DatabaseBackend
-
-    queues: set[str] = set()
-    for name in task_backends:
-        try:
-            backend = task_backends[name]
-        except InvalidTaskBackend:
-            # Reported by Django's own checks; it names no queue here.
-            continue
-        if isinstance(backend, DatabaseBackend):
-            queues.update(backend.queues)
-    return queues
+    return conf.task_backend_queues() or set()
 
 
 def _send(signal: Any, queue: str) -> None:

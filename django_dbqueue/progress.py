@@ -24,7 +24,7 @@ from django.db.models.sql import InsertQuery
 from . import conf
 from .db import DbNow, alias, error_text
 from .errors import clean
-from .models import JobProgress
+from .models import JobBatch, JobProgress
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -209,8 +209,6 @@ def get_progress(key: str) -> dict[str, Any] | None:
 
 
 def _batch_progress(key: str) -> dict[str, Any] | None:
-    from .models import JobBatch
-
     batch_id = key.partition(":")[2]
     # ASCII digits only: str.isdigit also takes "²", which int() refuses.
     row = JobBatch.objects.filter(pk=int(batch_id)).first() if batch_id.isascii() and batch_id.isdigit() else None

@@ -27,10 +27,9 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
-from . import payload, registry
-from .checks import CLAIM_VENDORS
+from . import handles, payload, registry
 from .context import JobContext
-from .db import DbNow, alias, read_back
+from .db import CLAIM_VENDORS, DbNow, alias, read_back
 from .errors import clean
 from .exceptions import JobCancelled, JobNotRegistered, PayloadError, Snooze, WorkerStopped
 from .handles import TASKS_JOB
@@ -338,6 +337,4 @@ def _follow_retried_job(sender: Any, job: Job, **kwargs: Any) -> None:
 
 def prune_results(hours: float) -> int:
     """Delete finished results (of tasks and of jobs) older than ``hours``; return how many."""
-    from .handles import prune_results as prune
-
-    return prune(hours)
+    return handles.prune_results(hours)

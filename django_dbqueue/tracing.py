@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from .errors import clean
+
 if TYPE_CHECKING:
     from contextvars import Token
     from types import TracebackType
@@ -216,8 +218,6 @@ def _finish(span: Span, outcome: Outcome | None) -> None:
 def _record_error(span: Span, outcome: Outcome) -> None:
     """Record a run's exception and set the span's status to ERROR, with the error
     text cleaned as it is for ``FailedJob`` (spans leave for another system)."""
-    from .errors import clean
-
     exception = outcome.exception
     assert exception is not None
     message = clean(str(exception))
