@@ -1,19 +1,13 @@
 """Every INSERT of job rows (``rows.NewJob``: the times come from the database's clock).
 
-The columns are derived from ``Job._meta``: a NewJob's own values, its flow
-columns, the two times, and every other column at its field's default. One
-statement per database (docs/performance.md has the figures):
-
-- PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column,
-  the times coming back with the ids; a single enqueue calls ``dbqueue_enqueue``
-  (migration 0011), whose INSERT the server keeps planned per session; rows that
-  need not come back go through ``COPY``.
-- SQLite, MariaDB, MySQL: one multi-row ``INSERT ... VALUES``, the clock read once
-  per batch, ``RETURNING id`` where the database has it (not plain MySQL).
-
-A new job whose unique key another row holds comes back as ``Held``, naming that row,
-and the caller's transaction goes on: the unique index decides (docs/unique.md), with
-``ON CONFLICT DO NOTHING`` on PostgreSQL, elsewhere in a savepoint.
+The columns are derived from ``Job._meta``. One statement per database
+(docs/performance.md has the figures): on PostgreSQL ``INSERT ... SELECT ... FROM
+unnest()`` of one array per column, a single enqueue through ``dbqueue_enqueue``
+(migration 0011, planned once per session), and ``COPY`` for rows that need not come
+back; elsewhere one multi-row ``INSERT ... VALUES``, the clock read once per batch,
+``RETURNING id`` where the database has it. A new job whose unique key another row
+holds comes back as ``Held``: the unique index decides (docs/unique.md), with ``ON
+CONFLICT DO NOTHING`` on PostgreSQL, elsewhere in a savepoint.
 """
 
 from __future__ import annotations
@@ -274,9 +268,6 @@ def _max_params(connection: BaseDatabaseWrapper) -> int | None:
     return None if limit is None else int(limit)
 
 
-# -- unique keys ----------------------------------------------------------------
-
-
 def _insert_unique(
     connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int, analyze: bool = True
 ) -> list[Job | Held]:
@@ -449,9 +440,8 @@ def holds_unique_key(exc: IntegrityError, connection: BaseDatabaseWrapper) -> bo
 
 
 def bulk_enqueue(rows: Sequence[Job], using: str | None = None, *, batch_size: int = 1000) -> list[Job]:
-    """Insert ``Job`` rows built by hand (checked against the table's bounds first), one
-    statement per ``batch_size`` rows; a row whose unique key another job holds is left
-    out (see ``insert_each``). On PostgreSQL a large insert is followed by ANALYZE."""
+    """Insert ``Job`` rows built by hand, checked against the table's bounds (a row whose
+    unique key another job holds is left out, see ``insert_each``)."""
     using = using or alias()
     check_rows(rows)
     if any(row.unique_key for row in rows):
@@ -462,10 +452,9 @@ def bulk_enqueue(rows: Sequence[Job], using: str | None = None, *, batch_size: i
 
 
 def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | None]:
-    """Insert rows built from stored steps (a chain's next step, a callback, a retry from
-    FailedJob) one by one in one transaction; a row whose unique key another job holds is
-    left out (None in its place) and logged, as a duplicate enqueue is: each keyed row is
-    inserted under a savepoint, so the index's refusal undoes that row alone."""
+    """Insert rows built from stored steps (a next step, a callback, a retry) one by one in
+    one transaction; a keyed row goes in under a savepoint, so one whose key another job
+    holds is left out alone (None in its place), logged as a duplicate enqueue is."""
     using = using or alias()
     check_rows(rows)
     inserted: list[Job | None] = []
