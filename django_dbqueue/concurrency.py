@@ -25,12 +25,10 @@ last heartbeat).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import validation
-
-if TYPE_CHECKING:
-    from .registry import JobDefinition
+from .validation import Definition
 
 # A key's FlowLimit row.
 PREFIX = "concurrency:"
@@ -38,7 +36,7 @@ PREFIX = "concurrency:"
 MAX_LIMIT = 32767
 
 
-def options_error(definition: JobDefinition[..., Any]) -> str | None:
+def options_error(definition: Definition) -> str | None:
     """Why the concurrency options of ``definition`` are wrong, or None."""
     key, limit = definition.concurrency_key, definition.concurrency_limit
     if key is not None and not (callable(key) or (isinstance(key, str) and key)):
@@ -49,7 +47,7 @@ def options_error(definition: JobDefinition[..., Any]) -> str | None:
     return None
 
 
-def step_values(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def step_values(definition: Definition, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The concurrency columns of one call (none if the job has no limit)."""
     key: str | Callable[..., Any] | None = definition.concurrency_key
     if key is None and definition.concurrency_limit is None:

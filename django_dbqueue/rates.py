@@ -28,10 +28,10 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from . import conf, validation
+from .validation import Definition
 
 if TYPE_CHECKING:
     from .models import FlowLimit, Job
-    from .registry import JobDefinition
 
 JOB_PREFIX = "rate:"
 QUEUE_PREFIX = "queue-rate:"
@@ -90,7 +90,7 @@ def parse(spec: Any, burst: Any = None) -> Rate:
     return Rate(count, seconds, burst)
 
 
-def options_error(definition: JobDefinition[..., Any]) -> str | None:
+def options_error(definition: Definition) -> str | None:
     """Why the rate options of ``definition`` are wrong, or None."""
     if definition.rate_limit is None:
         if definition.rate_key is not None or definition.rate_burst is not None:
@@ -106,7 +106,7 @@ def options_error(definition: JobDefinition[..., Any]) -> str | None:
     return None
 
 
-def step_values(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def step_values(definition: Definition, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The rate columns of one call (none if the job has no rate limit)."""
     if definition.rate_limit is None:
         return {}

@@ -23,7 +23,6 @@ from .exceptions import JobNotRegistered
 if TYPE_CHECKING:
     from .context import JobContext
     from .handles import JobHandle
-    from .middleware import MiddlewareEntry
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,7 +47,7 @@ class JobOptions(TypedDict, total=False):
     priority: int
     delay: float | timedelta
     retry_until: RetryUntil | None
-    middleware: Sequence[MiddlewareEntry]
+    middleware: Sequence[Callable[..., Any] | str]
     results: bool | None
     max_exceptions: int | None
     unique: bool | str
@@ -81,7 +80,7 @@ class JobDefinition(Generic[P, R]):
     takes_context: bool = False
     retry_until: RetryUntil | None = None
     # Wrapped around each run, inside DBQUEUE["MIDDLEWARE"]: callables or dotted paths.
-    middleware: Sequence[MiddlewareEntry] = ()
+    middleware: Sequence[Callable[..., Any] | str] = ()
     # Keep the return value and the errors of each attempt (see handles); None: DBQUEUE["RESULTS"].
     results: bool | None = None
     # Fail once this many attempts ended in an exception, whatever tries remain (tries

@@ -23,7 +23,7 @@ else nothing is written into payloads.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import clean
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from .execution import Outcome, Prepared
     from .models import Job
 
 try:
@@ -44,6 +43,33 @@ except ImportError:  # the otel extra is not installed: every hook is skipped
     enabled = False
 else:
     enabled = True
+
+
+class Prepared(Protocol):
+    """What a run's span reads of ``execution.Prepared``."""
+
+    @property
+    def job(self) -> Job: ...
+    @property
+    def envelope(self) -> dict[str, Any]: ...
+    @property
+    def worker_id(self) -> str: ...
+
+
+class Outcome(Protocol):
+    """What a run's span reads of ``execution.Outcome``."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def exception(self) -> BaseException | None: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def snoozed(self) -> bool: ...
+    @property
+    def exception_class(self) -> str: ...
+
 
 # The envelope key that holds the trace context of the job's enqueue span.
 ENVELOPE_KEY = "trace"

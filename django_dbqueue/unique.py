@@ -21,19 +21,17 @@ import hashlib
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from . import payload, validation
-
-if TYPE_CHECKING:
-    from .registry import JobDefinition
+from .validation import Definition
 
 UNTIL_FINISHED = "until_finished"
 UNTIL_STARTED = "until_started"
 SCOPES = (UNTIL_FINISHED, UNTIL_STARTED)
 
 
-def scope(definition: JobDefinition[..., Any]) -> str | None:
+def scope(definition: Definition) -> str | None:
     """The scope of the job's key: UNTIL_FINISHED, UNTIL_STARTED, or None (not unique)."""
     if definition.unique is True or (definition.unique is False and definition.unique_key is not None):
         return UNTIL_FINISHED
@@ -42,7 +40,7 @@ def scope(definition: JobDefinition[..., Any]) -> str | None:
     return None
 
 
-def options_error(definition: JobDefinition[..., Any]) -> str | None:
+def options_error(definition: Definition) -> str | None:
     """Why the unique options of ``definition`` are wrong, or None."""
     if not (isinstance(definition.unique, bool) or definition.unique in SCOPES):
         return f"unique must be True, False, {UNTIL_FINISHED!r} or {UNTIL_STARTED!r}, not {definition.unique!r}"
@@ -57,7 +55,7 @@ def options_error(definition: JobDefinition[..., Any]) -> str | None:
     return None
 
 
-def key_of(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def key_of(definition: Definition, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """The stored key of one call: the job's name, then its ``unique_key`` or a hash of its arguments.
 
     The arguments are first bound to the function's parameters, defaults
@@ -73,7 +71,7 @@ def key_of(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: d
 
 
 def _bound(
-    definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    definition: Definition, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The call as ``((), {parameter: value})`` with defaults applied; as given if it does
     not fit the function's signature (it will fail when it runs, as any such call)."""
@@ -100,7 +98,7 @@ def _signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signatu
     return signature
 
 
-def step_values(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def step_values(definition: Definition, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The unique columns of one call (none if the job is not unique)."""
     held = scope(definition)
     if held is None:
@@ -122,7 +120,7 @@ class Window(NamedTuple):
 
 
 def window_of(
-    definition: JobDefinition[..., Any], flow: Mapping[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    definition: Definition, flow: Mapping[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Window | None:
     """The window of one call, or None; the key is the row's unique key if it has one
     (so a ``unique_key`` callable is called once per enqueue)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 # A queue name: letters, digits and ``_ . : -``, starting with a letter or digit;
 # no spaces, so a stray space or a typo in a command line is an error, not a new queue.
@@ -136,3 +136,30 @@ def rate_parts(text: Any) -> tuple[int, float, int]:
             f"rate_limit must be stored as 'count/seconds/burst' with each above 0 (such as '100/60/10'), not {text!r}"
         )
     return int(match[1]), seconds, int(match[3])
+
+
+class Definition(Protocol):
+    """What the option modules (unique, concurrency, rates) read of a ``registry.JobDefinition``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def func(self) -> Callable[..., Any]: ...
+    @property
+    def takes_context(self) -> bool: ...
+    @property
+    def unique(self) -> bool | str: ...
+    @property
+    def unique_key(self) -> str | Callable[..., Any] | None: ...
+    @property
+    def unique_for(self) -> float | None: ...
+    @property
+    def concurrency_key(self) -> str | Callable[..., Any] | None: ...
+    @property
+    def concurrency_limit(self) -> int | None: ...
+    @property
+    def rate_limit(self) -> str | None: ...
+    @property
+    def rate_key(self) -> str | Callable[..., Any] | None: ...
+    @property
+    def rate_burst(self) -> int | None: ...
