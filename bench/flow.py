@@ -158,7 +158,6 @@ def delayed(claims_count: int = 300) -> None:
     from django.db import connection
 
     from django_dbqueue import claims
-    from django_dbqueue.models import Job
 
     with connection.cursor() as cursor:
         _insert(cursor, 100_000, 10, delay="3600")
@@ -170,7 +169,8 @@ def delayed(claims_count: int = 300) -> None:
             for name, walk in (("one scan", False), ("priority walk", True)):
                 started = time.perf_counter()
                 cursor.execute(
-                    claims.plain.claim_sql(connection, walk=walk), claims.plain.claim_params("w", "default", 1, walk=walk)
+                    claims.plain.claim_sql(connection, walk=walk),
+                    claims.plain.claim_params("w", "default", 1, walk=walk),
                 )
                 cursor.fetchall()
                 results[name].append(time.perf_counter() - started)
@@ -183,7 +183,9 @@ def delayed(claims_count: int = 300) -> None:
             f"{percentiles(times)}"
         )
     for name, walk in (("one scan", False), ("priority walk", True)):
-        plan = _explain(claims.plain.claim_sql(connection, walk=walk), claims.plain.claim_params("w", "default", 1, walk=walk))
+        plan = _explain(
+            claims.plain.claim_sql(connection, walk=walk), claims.plain.claim_params("w", "default", 1, walk=walk)
+        )
         print(f"    EXPLAIN ANALYZE, {name}:\n{plan}")
 
 
