@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.contrib import admin, messages
@@ -15,7 +16,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from ..db import DbNow
-from ..models import Job, JobProgress, JobQuerySet, LeaseOver
+from ..models import Job, JobProgress, JobQuerySet, State
 from ..operations import cancel_jobs, delete_unreserved, job_state, release_expired, run_now
 from . import dashboard
 from .base import GoneError, ReadOnlyAdmin, StateFilter, permission, pretty_payload
@@ -28,14 +29,14 @@ RESERVED_REFUSAL = (
 
 
 class JobStateFilter(StateFilter):
-    # Each state's label and the models' named queryset of its jobs: the one place to switch
-    # to the models' one vocabulary of states.
+    # The models' one vocabulary of states (State, JobQuerySet.in_state); the admin says why
+    # a row is blocked.
     states = {
-        "waiting": ("waiting", JobQuerySet.waiting),
-        "delayed": ("delayed", JobQuerySet.delayed),
-        "blocked": ("blocked (concurrency limit)", JobQuerySet.blocked),
-        "reserved": ("reserved", lambda jobs: jobs.reserved().filter(~LeaseOver())),
-        "expired": ("reservation expired", JobQuerySet.expired),
+        state.value: (
+            "blocked (concurrency limit)" if state == State.BLOCKED else state.label,
+            functools.partial(JobQuerySet.in_state, state=state),
+        )
+        for state in State
     }
 
 
