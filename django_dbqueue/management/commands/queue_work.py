@@ -56,8 +56,9 @@ class Command(QueueCommand):
             "--batch",
             type=whole_number(1),
             default=DEFAULT_BATCH,
-            help="Most jobs to claim per round trip, and to delete per statement once "
-            "done, when jobs are quick: the worker claims about as many as it runs in "
+            help="Most jobs to claim per round trip for each slot (with --threads or --async: "
+            "per thread or task), and to delete per statement once done, when jobs are "
+            "quick: the worker claims about as many as its free slots run in "
             f"{BATCH_WINDOW * 1000:g} ms, so slow jobs are claimed one at a time "
             f"(default: {DEFAULT_BATCH}; 1 claims one job at a time).",
         )
