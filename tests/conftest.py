@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from django.db import DatabaseError, connection, connections
 
 from django_dbqueue import registry
 from django_dbqueue.execution import Defaults
+from django_dbqueue.heartbeat import Heartbeat
 from django_dbqueue.worker import StopReason, Worker, WorkerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +130,19 @@ def _claims_start_afresh() -> Iterator[None]:
     claims.forget_paused()
     claims.plain._clearing.clear()
     batches.forget_cancelled()
+
+
+@pytest.fixture(autouse=True)
+def _no_heartbeat_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Stop a worker heartbeat that a test left beating in this process (a worker built by
+    hand whose jobs were held and never let go), so its next beat does not land in the
+    next test, which may not allow the database at all; say which test left it."""
+    yield
+    for thread in threading.enumerate():
+        heartbeat = getattr(getattr(thread, "_target", None), "__self__", None)
+        if thread.name.startswith("dbqueue-heartbeat-") and isinstance(heartbeat, Heartbeat):
+            print(f"\n{request.node.nodeid} left {thread.name} beating: stopped", file=sys.stderr)
+            heartbeat.stop()
 
 
 @pytest.fixture
