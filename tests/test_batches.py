@@ -240,6 +240,7 @@ def test_a_claimed_member_of_a_batch_cancelled_since_does_not_start():
     worker = Worker(WorkerOptions(queues=["default"], defaults=Defaults(tries=3, timeout=30, backoff=0)))
     for job in claimed:
         worker.process(job)
+    worker.heartbeat.stop()  # the worker's loop, which stops it, never ran
     assert not keys("m")  # none ran
     assert counts(handle.id) == (3, 0, 0, 3) and get_batch(handle.id).state == "cancelled"
     run_worker()
