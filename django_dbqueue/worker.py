@@ -255,13 +255,13 @@ class Worker:
                 next_claim = 0.0
 
     def _claim_size(self) -> int:
-        """How many jobs to claim: none while every slot has its job or a job asked to stop
-        runs on (the process may end for it); else one per free slot plus what the slots
-        run in about ``batch_window`` (by the recent average run), so a freed slot finds
-        its next job waiting; at most ``--batch`` per slot; one in all with ``--once``."""
+        """How many jobs to claim: none while a job asked to stop runs on (the process may
+        end for it) or one slot has jobs left (a pool claims while its slots run); else one
+        per free slot plus what the slots run in about ``batch_window``, so a freed slot
+        finds its next job waiting; at most ``--batch`` per slot; one with ``--once``."""
         executor, options = self.executor, self.options
         slots, busy = executor.capacity, executor.busy
-        if executor.draining or busy >= slots:
+        if executor.draining or (slots == 1 and busy):
             return 0
         if options.once:
             return 0 if self.processed else 1
