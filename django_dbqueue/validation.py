@@ -99,6 +99,14 @@ NULLABLE_BOUNDS = frozenset({"max_tries", "timeout", "concurrency_limit"})
 _TYPE_MAX = {"priority": 32767, "cancel": 32767, "max_tries": MAX_TRIES, "concurrency_limit": MAX_TRIES}
 
 
+# The text columns of a job row a stored step fills, and their longest value (Job's max_length).
+TEXT_BOUNDS = {"name": 200, "unique_key": KEY_MAX_LENGTH, "concurrency_key": KEY_MAX_LENGTH, "rate_key": KEY_MAX_LENGTH}
+
+
+def _size(text: Any) -> str:
+    return f"{len(text)} characters" if isinstance(text, str) else f"a {type(text).__name__}"
+
+
 def row_error(values: Any) -> str | None:
     """Why a job row with these column values cannot be stored or run, or None.
 
@@ -114,6 +122,16 @@ def row_error(values: Any) -> str | None:
         top = high if high is not None else _TYPE_MAX.get(column, MAX_SECONDS)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
             return f"{column} must be a whole number from {low} to {top}, not {value!r}"
+    if "queue" in values:
+        error = queue_name_error(values["queue"])
+        if error is not None:
+            return error
+    for column, longest in TEXT_BOUNDS.items():
+        if column not in values or (values[column] is None and column != "name"):
+            continue
+        text, shortest = values[column], 1 if column == "name" else 0
+        if not isinstance(text, str) or not shortest <= len(text) <= longest:
+            return f"{column} must be a str of {shortest} to {longest} characters, not {_size(text)}"
     rate = values.get("rate_limit")
     if rate is not None:
         try:

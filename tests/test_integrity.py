@@ -10,6 +10,7 @@ past them) moves it to ``FailedJob`` with its error and goes on.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -20,13 +21,13 @@ import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
-from django_dbqueue import insert, lifecycle
+from django_dbqueue import batch, insert, lifecycle
 from django_dbqueue.claims import claim
 from django_dbqueue.db import DbNow
-from django_dbqueue.models import INVALID_ROW_CLASS, FailedJob, FlowLimit, Job
+from django_dbqueue.models import INVALID_ROW_CLASS, FailedJob, FlowLimit, Job, JobBatch
 from django_dbqueue.rows import new_job
-from django_dbqueue.validation import ROW_BOUNDS, row_error
-from tests.conftest import wait_until
+from django_dbqueue.validation import ROW_BOUNDS, TEXT_BOUNDS, row_error
+from tests.conftest import run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
@@ -143,6 +144,19 @@ def test_row_error_names_the_column_and_the_bounds():
     assert row_error({"rate_limit": "20/1/2"}) is None
 
 
+def test_row_error_checks_the_text_columns_a_stored_step_fills():
+    assert row_error({"name": "x" * 201}) == "name must be a str of 1 to 200 characters, not 201 characters"
+    assert row_error({"name": ""}) is not None and row_error({"name": None}) is not None
+    assert "queue name" in row_error({"queue": "no spaces"})
+    assert row_error({"unique_key": "k" * 256}).startswith("unique_key must be a str of 0 to 255")
+    assert row_error({"concurrency_key": {"a": 1}}).endswith("not a dict")
+    assert row_error({"name": "a.b", "queue": "default", "unique_key": None, "rate_key": "r" * 255}) is None
+
+
+def test_the_text_bounds_are_the_columns_lengths():
+    assert TEXT_BOUNDS == {column: Job._meta.get_field(column).max_length for column in TEXT_BOUNDS}
+
+
 def test_a_follow_up_step_read_back_with_out_of_range_values_is_refused_with_its_name():
     step = {"name": "tests.testapp.jobs.record", "queue": "default", "args": [], "kwargs": {}, "timeout": -1}
     with pytest.raises(ValueError, match=r"Cannot enqueue tests.testapp.jobs.record: timeout must be"):
@@ -152,6 +166,12 @@ def test_a_follow_up_step_read_back_with_out_of_range_values_is_refused_with_its
         new_job(step, check=False)
     step = {**step, "flow": {"nonsense": 1}}
     with pytest.raises(ValueError, match="a step's flow must be a dict of"):
+        new_job(step, check=False)
+    step = {**step, "flow": None, "queue": "a queue"}
+    with pytest.raises(ValueError, match="queue name"):
+        new_job(step, check=False)
+    step = {**step, "queue": "default", "flow": {"unique_key": "k" * 300}}
+    with pytest.raises(ValueError, match="unique_key must be a str"):
         new_job(step, check=False)
 
 
@@ -181,9 +201,15 @@ def test_a_failed_job_whose_envelope_holds_a_bad_flow_value_stays_failed_and_the
     odd = FailedJob.objects.create(
         job_id=3, payload='{"v": 1, "args": ["c"], "kwargs": {}, "flow": {"surprise": 1}}', failed_at=now, **common
     )
-    retried = lifecycle.retry(FailedJob.objects.filter(pk__in=[good.pk, bad.pk, odd.pk]))
+    weird = FailedJob.objects.create(
+        job_id=4,
+        payload='{"v": 1, "args": ["d"], "kwargs": {}, "flow": {"concurrency_key": {"a": 1}, "concurrency_limit": 1}}',
+        failed_at=now,
+        **common,
+    )
+    retried = lifecycle.retry(FailedJob.objects.filter(pk__in=[good.pk, bad.pk, odd.pk, weird.pk]))
     assert len(retried) == 2
-    assert set(FailedJob.objects.values_list("pk", flat=True)) == {bad.pk}
+    assert set(FailedJob.objects.values_list("pk", flat=True)) == {bad.pk, weird.pk}
     assert "concurrency_limit must be" in caplog.text
     assert f"failed_id={bad.pk}" in caplog.text
 
@@ -211,6 +237,34 @@ def test_a_poisoned_reserved_row_does_not_stop_the_reclaim_of_a_healthy_one(rest
     assert failed[spent.pk].retry_after == 1
     assert failed[left.pk].exception_class == INVALID_ROW_CLASS
     assert "moved aside unrun" in failed[left.pk].error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_moved_aside_is_logged_counted_and_listed_in_the_admin(restore_checks, caplog, admin_client):
+    with past_the_checks():
+        left = _reserved(retry_after=0, max_tries=5)
+    lifecycle.reclaim_expired()
+    assert claim("default", ["default"], 10, "w") == []
+    failed = FailedJob.objects.get(job_id=left.pk)
+    assert f"job moved aside job=tests.testapp.jobs.record id={left.pk}" in caplog.text
+    assert [r.levelname for r in caplog.records if "moved aside" in r.getMessage()] == ["ERROR"]
+    page = admin_client.get(f"/admin/django_dbqueue/failedjob/?exception_class={INVALID_ROW_CLASS}")
+    assert page.status_code == 200 and f"/admin/django_dbqueue/failedjob/{failed.pk}/change/" in page.text
+    assert FailedJob.objects.filter(exception_class=INVALID_ROW_CLASS).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_poisoned_row_of_a_dead_worker_is_moved_aside_and_its_healthy_job_released(restore_checks):
+    healthy = _reserved()
+    with past_the_checks():
+        left = _reserved(retry_after=0, max_tries=5)
+    error_for = "lost after {:.0f} s".format
+    assert lifecycle.reclaim_worker("gone", error_for=error_for) == 2
+    assert Job.objects.get(pk=healthy.pk).reserved_at is None
+    if connection.vendor == "sqlite":
+        # SQLite checks only the columns an UPDATE sets: the claim that meets the row moves it aside.
+        assert [job.pk for job in claim("default", ["default"], 10, "w")] == [healthy.pk]
+    assert FailedJob.objects.get(job_id=left.pk).exception_class == INVALID_ROW_CLASS
 
 
 @pytest.mark.django_db(transaction=True)
@@ -242,6 +296,46 @@ def test_an_unreadable_rate_limit_fails_that_row_in_the_claim_and_the_others_are
     failed = FailedJob.objects.filter(job_id__in=bad)
     assert sorted(failed.values_list("exception_class", flat=True)) == [INVALID_ROW_CLASS] * 2
     assert all("rate_limit must be stored" in row.error for row in failed)
+
+
+def _spoil_callbacks(**changes: Any) -> JobBatch:
+    """A batch of one member whose stored ``then`` callbacks are a good step and a spoiled one."""
+    batch(jobs.record.bind("member")).then(jobs.record.bind("spoiled"), jobs.record.bind("then")).enqueue()
+    row = JobBatch.objects.get()
+    steps = json.loads(row.callbacks)
+    steps["then"][0].update(changes)
+    steps["then"][0] = {key: value for key, value in steps["then"][0].items() if value is not DROP}
+    JobBatch.objects.filter(pk=row.pk).update(callbacks=json.dumps(steps))
+    return row
+
+
+DROP = object()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("changes", [{"timeout": -1}, {"args": DROP}, {"queue": "no such queue!"}])
+def test_a_batch_whose_stored_callback_is_spoiled_ends_and_runs_its_other_callbacks(changes, caplog):
+    row = _spoil_callbacks(**changes)
+    jobs.record.enqueue("other")
+    run_worker()
+    assert sorted(Run.objects.values_list("key", flat=True)) == ["member", "other", "then"]
+    assert JobBatch.objects.get(pk=row.pk).finished_at is not None
+    assert f"batch id={row.pk} callback then not enqueued" in caplog.text
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="only SQLite stores a text in a time column")
+def test_a_row_whose_values_cannot_be_read_is_moved_aside_and_the_others_are_claimed(caplog):
+    good = [jobs.record.enqueue(n).id for n in range(3)]
+    bad = jobs.record.enqueue("bad").id
+    with connection.cursor() as cursor:
+        # Sorts before every real time, so it is claimable; Django cannot read it back.
+        cursor.execute("UPDATE dbqueue_job SET available_at = '0001-13-45 00:00:00' WHERE id = %s", [bad])
+    assert sorted(job.pk for job in claim("default", ["default"], 10, "w")) == good
+    failed = FailedJob.objects.get(job_id=bad)
+    assert failed.exception_class == INVALID_ROW_CLASS and "cannot be read" in failed.error
+    assert not Job.objects.filter(pk=bad).exists()
 
 
 # -- with real worker processes ----------------------------------------------------
@@ -277,6 +371,19 @@ def test_a_worker_runs_three_rate_limited_jobs_beside_unreadable_rate_rows_and_e
     assert sorted(Run.objects.values_list("key", flat=True)) == ["rated:0", "rated:1", "rated:2"]
     assert sorted(FailedJob.objects.values_list("job_id", flat=True)) == sorted(bad)
     assert "job moved aside" in worker.output()
+
+
+@pytest.mark.acceptance
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_ends_a_batch_whose_stored_callback_is_out_of_bounds_runs_three_others_and_exits_0(worker_process):
+    _spoil_callbacks(timeout=-1)
+    for n in range(3):
+        jobs.record.enqueue(f"other{n}")
+    worker = worker_process("--stop-when-empty", "--sleep", "0.1")
+    assert worker.wait(60) == 0, worker.output()
+    assert sorted(Run.objects.values_list("key", flat=True)) == ["member", "other0", "other1", "other2", "then"]
+    assert not Job.objects.exists() and JobBatch.objects.get().finished_at is not None
+    assert "callback then not enqueued" in worker.output()
 
 
 @pytest.mark.django_db

@@ -24,7 +24,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connections, tra
 
 from .. import rates, validation
 from ..db import bound_cursor, caused_by_lost_connection
-from ..lifecycle import delete_many, finished_by_members, move_aside, reclaim_expired, release
+from ..lifecycle import delete_many, finished_by_members, move_aside, move_unreadable, reclaim_expired, release
 from ..models import Job, PausedQueue
 from ..workers import reclaim_dead
 from . import flow, plain
@@ -178,11 +178,11 @@ def claim(using: str, queues: Sequence[str], limit: int, worker_id: str) -> list
         except DatabaseError:
             raise
         except Exception:
-            # Not the database's refusal: something the claim could not read. The
-            # rows it can read are failed one by one (``_unreadable``); anything
-            # else ends this claim of the queue, never the worker.
-            logger.exception("claim failed queue=%s worker_id=%s; the other queues are claimed", queue, worker_id)
-            continue
+            # Not the database's refusal: a value the claim could not read. The rows
+            # that hold one are moved aside and the queue claimed again; an error
+            # that stays ends this claim of the queue, never the worker.
+            logger.exception("claim failed queue=%s worker_id=%s; unreadable rows are moved aside", queue, worker_id)
+            jobs = _claim_past_unreadable(using, queue, limit, worker_id)
         if jobs:
             return jobs
     return []
@@ -257,6 +257,30 @@ def plain_claimed(using: str, queue: str, jobs: list[Job]) -> list[Job]:
     for job in flowed:
         release(job, give_back=True)
     return [job for job in jobs if not (job.concurrency_key or job.rate_key)]
+
+
+def _claim_past_unreadable(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Move aside the next rows of ``queue`` whose values cannot be read as a ``Job``,
+    then claim the queue once more (nothing if none moved, or if it fails again)."""
+    rows = Job.objects.db_manager(using).get_queryset()
+    moved = False
+    for pk in plain.candidates(using, queue, max(limit, FLOW_LOOKAHEAD)).values_list("pk", flat=True):
+        try:
+            rows.filter(pk=pk).first()
+        except DatabaseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (whatever reading the row raised: the row's fault)
+            reason = f"its values cannot be read ({type(exc).__name__})"
+            moved = move_unreadable(pk, reason=reason, using=using) or moved
+    if not moved:
+        return []
+    try:
+        return claim_queue(using, queue, limit, worker_id)
+    except DatabaseError:
+        raise
+    except Exception:
+        logger.exception("claim failed again queue=%s worker_id=%s; the other queues are claimed", queue, worker_id)
+        return []
 
 
 def _claim_past_refusals(using: str, queue: str, limit: int, worker_id: str, exc: DatabaseError) -> list[Job]:

@@ -30,6 +30,7 @@ from .changes import (
     extend_many,
     fail,
     move_aside,
+    move_unreadable,
     reclaim_expired,
     reclaim_worker,
     release,
@@ -54,6 +55,6 @@ __all__ = [
     "CALLBACKS", "REACTIONS", "RECLAIMED_ERROR", "cancel", "cancel_batch", "cancel_requests",
     "count_members", "delete", "delete_many", "delete_returning", "delete_sql", "delete_unreserved",
     "delete_waiting", "extend", "extend_many", "fail", "finish_batch", "finished_by_members",
-    "members_ended", "move_aside", "reacts", "reclaim_expired", "reclaim_worker", "release",
+    "members_ended", "move_aside", "move_unreadable", "reacts", "reclaim_expired", "reclaim_worker", "release",
     "retry", "run_now", "running", "skip_member", "sweep", "unblock",
 ]  # fmt: skip

@@ -319,7 +319,13 @@ def move_aside(job: Job, *, reason: str, using: str | None = None) -> bool:
     one whose value the claim cannot read: its values are brought within bounds.
     """
     queryset = Job.objects.db_manager(using).get_queryset()
-    full = queryset.filter(pk=job.pk).first()
+    try:
+        full = queryset.filter(pk=job.pk).first()
+    except DatabaseError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (a value the ORM cannot read: SQLite keeps any type in any column)
+        reason = f"{reason}; its values cannot be read ({type(exc).__name__})"
+        return move_unreadable(job.pk, reason=reason, using=using)
     if full is None:
         return False
     error = (
@@ -336,6 +342,26 @@ def move_aside(job: Job, *, reason: str, using: str | None = None) -> bool:
         "job moved aside job=%s id=%s queue=%s failed_id=%s reason=%s",
         full.name, full.pk, full.queue, failed.pk, reason,
     )  # fmt: skip
+    return True
+
+
+def move_unreadable(pk: int, *, reason: str, using: str | None = None) -> bool:
+    """Move a waiting row whose values the ORM cannot read to ``FailedJob`` unrun, from
+    the columns that can be read (its text and its id); return whether it moved."""
+    queryset = Job.objects.db_manager(using).get_queryset().filter(pk=pk, reserved_at__isnull=True)
+    found = queryset.values_list("name", "queue", "payload").first()
+    if found is None:
+        return False
+    name, queue, text = (str(value)[:limit] for value, limit in zip(found, (200, 100, None), strict=True))
+    error = f"{name} (job {pk}) was moved aside unrun: {reason}. Fix the row's values (or the code that wrote them)."
+    with transaction.atomic(using=queryset.db):
+        if not queryset.delete_now():
+            return False
+        failed = FailedJob.objects.using(queryset.db).create(
+            job_id=pk, queue=queue, name=name, payload=text, created_at=DbNow(), attempts=0,
+            exception_class=INVALID_ROW_CLASS, error=error, failed_at=DbNow(),
+        )  # fmt: skip
+    logger.error("job moved aside job=%s id=%s queue=%s failed_id=%s reason=%s", name, pk, queue, failed.pk, reason)
     return True
 
 

@@ -24,6 +24,7 @@ from django.db.models.functions import RowNumber
 from .. import insert
 from ..concurrency import limit_key
 from ..db import DbNow, alias, error_text
+from ..exceptions import PayloadError
 from ..models import FlowLimit, Job, JobBatch
 from ..rows import new_job
 from ..signals import batch_finished
@@ -246,7 +247,19 @@ def _enqueue_callbacks(using: str, row: JobBatch, kinds: Sequence[str]) -> None:
         logger.error("batch id=%s has unreadable callbacks, none enqueued: %s", row.pk, error_text(exc))
         return
     fired = [kind for kind in CALLBACKS if kind in kinds]
-    rows = [new_job(step, check=False, batch_of=row.pk).to_job() for kind in fired for step in steps.get(kind) or []]
+    rows = []
+    for kind in fired:
+        for step in (steps.get(kind) if isinstance(steps, dict) else None) or []:
+            try:
+                rows.append(new_job(step, check=False, batch_of=row.pk).to_job())
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError, PayloadError) as exc:
+                # A step written past the checks (by hand): the batch still ends, and its other callbacks run.
+                logger.error("batch id=%s callback %s not enqueued: %s", row.pk, kind, _step_error(exc))
     if rows:
         insert.bulk_enqueue(rows, using)
         logger.info("batch id=%s callbacks enqueued: %s", row.pk, ", ".join(fired))
+
+
+def _step_error(exc: Exception) -> str:
+    """Why a stored step could not be built: our message, or the exception's class (a KeyError names a value)."""
+    return str(exc) if isinstance(exc, ValueError | PayloadError) else f"malformed step ({type(exc).__name__})"
