@@ -17,6 +17,7 @@ from . import conf, middleware, rates, registry, schedules, validation
 from .db import CLAIM_VENDORS
 from .metrics import prometheus_installed
 from .pool import connections_per_process
+from .validation import MAX_SECONDS, MAX_TRIES
 
 # Characters a METRICS_TOKEN needs at least: a short one can be guessed.
 MIN_TOKEN_LENGTH = 16
@@ -98,17 +99,11 @@ def _rate_limits(value: Any) -> bool:
 VALIDATORS: dict[str, tuple[str, Any]] = {
     "DATABASE": ("a database alias (str)", lambda v: isinstance(v, str) and bool(v)),
     "QUEUE": ("a valid queue name", lambda v: validation.queue_name_error(v) is None),
-    "TRIES": (f"an int from 1 to {validation.MAX_TRIES}", lambda v: _whole(v, 1, validation.MAX_TRIES)),
-    "RETRY_AFTER": (
-        f"an int from 1 to {validation.MAX_SECONDS} (seconds)",
-        lambda v: _whole(v, 1, validation.MAX_SECONDS),
-    ),
-    "TIMEOUT": (
-        f"an int from 1 to {validation.MAX_SECONDS} (seconds) or None",
-        lambda v: v is None or _whole(v, 1, validation.MAX_SECONDS),
-    ),
+    "TRIES": (f"an int from 1 to {MAX_TRIES}", lambda v: _whole(v, 1, MAX_TRIES)),
+    "RETRY_AFTER": (f"an int from 1 to {MAX_SECONDS} (seconds)", lambda v: _whole(v, 1, MAX_SECONDS)),
+    "TIMEOUT": (f"an int from 1 to {MAX_SECONDS} (seconds) or None", lambda v: v is None or _whole(v, 1, MAX_SECONDS)),
     "TIMEOUT_GRACE": ("a number > 0 (seconds)", lambda v: _number(v, minimum=0.001)),
-    "BACKOFF": (f"seconds from 0 to {validation.MAX_SECONDS}, or a list of them", registry.valid_backoff),
+    "BACKOFF": (f"seconds from 0 to {MAX_SECONDS}, or a list of them", registry.valid_backoff),
     "SLEEP": ("a number >= 0 (seconds)", lambda v: _number(v, minimum=0)),
     "AUTODISCOVER": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
@@ -116,24 +111,15 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "RESULTS": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_TOKEN_MAX_AGE": ("an int >= 1 (seconds)", lambda v: _number(v, minimum=1, integer=True)),
     "PROGRESS_SHOW_ERROR": ("a bool", lambda v: isinstance(v, bool)),
-    "ERROR_MAX_LENGTH": (
-        "an int >= 200 (characters) or None",
-        lambda v: v is None or _number(v, minimum=200, integer=True),
-    ),
+    "ERROR_MAX_LENGTH": ("an int >= 200 (characters) or None", lambda v: _optional_int(v, 200)),
     "ERROR_SCRUBBER": ("a callable, its dotted path, or None", lambda v: v is None or callable(v) or _dotted(v)),
-    "MAX_PAYLOAD_SIZE": (
-        "an int >= 1024 (bytes) or None",
-        lambda v: v is None or _number(v, minimum=1024, integer=True),
-    ),
+    "MAX_PAYLOAD_SIZE": ("an int >= 1024 (bytes) or None", lambda v: _optional_int(v, 1024)),
     "QUEUES": ("None, or a non-empty list of valid queue names", lambda v: v is None or _queue_names(v)),
     "READ_DATABASE": ("a database alias (str) or None", lambda v: v is None or (isinstance(v, str) and bool(v))),
     "LISTEN": ("a bool", lambda v: isinstance(v, bool)),
     "LISTEN_DATABASE": ("a database alias (str) or None", lambda v: v is None or (isinstance(v, str) and bool(v))),
     "NETWORK_TIMEOUT": ("a number >= 1 (seconds) or None", lambda v: v is None or _number(v, minimum=1)),
-    "MIDDLEWARE": (
-        "a list of middleware: callables, or dotted paths that import to callables",
-        middleware.valid_list,
-    ),
+    "MIDDLEWARE": ("a list of middleware: callables, or dotted paths that import to callables", middleware.valid_list),
     "RATE_LIMITS": (
         "a dict of queue name to a rate limit: 'N/unit' (unit s, m, h or d, such as '100/m') "
         "or {'rate': 'N/unit', 'burst': n}",
