@@ -30,30 +30,24 @@ CHECK_IDS: dict[str, str] = {
     "dbqueue.E002": "``DBQUEUE`` has an unknown key; the hint names the closest known key.",
     "dbqueue.E003": "A ``DBQUEUE`` value has the wrong type or is out of range (the message says what it must be), "
     "or a ``MIDDLEWARE`` path does not import.",
-    "dbqueue.E004": "``DATABASE``, ``READ_DATABASE`` or ``LISTEN_DATABASE`` names an alias that is not in "
-    "``DATABASES``.",
+    "dbqueue.E004": "``DATABASE``, ``READ_DATABASE`` or ``LISTEN_DATABASE`` is not an alias of ``DATABASES``.",
     "dbqueue.E005": "The queue's database cannot claim jobs safely: it is not PostgreSQL, MariaDB/MySQL or SQLite.",
     "dbqueue.E006": "MariaDB older than 10.6 or MySQL older than 8: no ``SKIP LOCKED``.",
-    "dbqueue.E007": "A ``TASKS`` backend is ``django_dbqueue.tasks.DatabaseBackend`` while ``django_dbqueue`` is "
-    "not in ``INSTALLED_APPS``.",
+    "dbqueue.E007": "A ``TASKS`` backend is ``django_dbqueue.tasks.DatabaseBackend``, but the app is not installed.",
     "dbqueue.E008": "The Tasks backend's ``OPTIONS`` has an unknown key.",
     "dbqueue.E009": "``TASKS`` uses the backend on Django older than 6.0, which has no ``django.tasks``.",
-    "dbqueue.E010": "The Tasks backend stores tasks in a database where jobs cannot be claimed safely (not "
-    "PostgreSQL, MariaDB/MySQL or SQLite).",
+    "dbqueue.E010": "The Tasks backend's database cannot claim jobs safely (not PostgreSQL, MariaDB/MySQL or SQLite).",
     "dbqueue.E011": "A periodic schedule's cron expression cannot be read.",
     "dbqueue.E012": "A periodic schedule's time zone is unknown.",
     "dbqueue.E013": "A periodic schedule names a job that is not registered.",
-    "dbqueue.W001": "``RETRY_AFTER`` is not longer than ``TIMEOUT``: a job still running could be reclaimed and "
-    "run twice at once.",
+    "dbqueue.W001": "``RETRY_AFTER`` is not longer than ``TIMEOUT``: a running job could be reclaimed and run twice.",
     "dbqueue.W002": "A job's ``retry_after`` is not longer than its ``timeout``.",
     "dbqueue.W003": "``queue_work --concurrency`` above 1 on SQLite: allowed, but writers wait on each other.",
     "dbqueue.W004": "``queue_work --timeout`` is not shorter than ``RETRY_AFTER``.",
     "dbqueue.W005": "With ``QUEUES`` set: ``QUEUE``, or a job's ``@job(queue=...)``, is not in it.",
     "dbqueue.W006": "``queue_work --queue`` serves a queue that is not in ``QUEUES`` (the worker still runs).",
-    "dbqueue.W007": "One ``queue_work`` command may open half the server's ``max_connections`` or more: "
-    "processes x (threads + 5).",
-    "dbqueue.W008": "``django_dbqueue.metrics_urls`` is mounted but ``prometheus_client`` is not installed: the "
-    "metrics view answers 501.",
+    "dbqueue.W007": "A ``queue_work`` may open half the ``max_connections`` or more: processes x (threads + 5).",
+    "dbqueue.W008": "``metrics_urls`` is mounted without ``prometheus_client``: the metrics view answers 501.",
 }
 
 
@@ -294,15 +288,13 @@ def check_tasks_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any)
 def check_worker_queues(queues: Sequence[str]) -> list[CheckMessage]:
     """Check the queues ``queue_work`` serves against ``QUEUES``, run by the command itself."""
     known = conf.get("QUEUES")
-    if known is None:
-        return []
-    unknown = [queue for queue in queues if queue not in known]
+    unknown = [queue for queue in queues if queue not in known] if known is not None else []
     if not unknown:
         return []
-    names = ", ".join(map(repr, unknown))
     return [
         Warning(
-            f"This worker serves {names}, not in DBQUEUE['QUEUES'] ({', '.join(map(repr, known))}): "
+            f"This worker serves {', '.join(map(repr, unknown))}, not in DBQUEUE['QUEUES'] "
+            f"({', '.join(map(repr, known))}): "
             "no job can be enqueued there.",
             hint="Is it a typo? Serve one of the QUEUES, or add the queue to QUEUES.",
             id="dbqueue.W006",

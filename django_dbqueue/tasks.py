@@ -228,11 +228,16 @@ def reconcile(record: TaskResultRecord) -> TaskResultRecord:
         return record
     failed = FailedJob.objects.filter(job_id=record.job_id).order_by("-failed_at").first()
     if failed is not None:
-        record.status = TaskResultStatus.FAILED
-        record.errors = [*record.errors, {"exception_class_path": failed.exception_class, "traceback": failed.error}]
-        record.finished_at = failed.failed_at
-        record.save(update_fields=["status", "errors", "finished_at"])
+        _add_error(record, failed.exception_class, failed.error, failed.failed_at)
     return record
+
+
+def _add_error(record: TaskResultRecord, class_path: str, text: str, finished_at: Any) -> None:
+    """Store an error of ``record``'s task: FAILED at ``finished_at``, or READY to run again if it is None."""
+    record.errors = [*record.errors, {"exception_class_path": class_path, "traceback": text}]
+    record.status = TaskResultStatus.FAILED if finished_at is not None else TaskResultStatus.READY
+    record.finished_at = finished_at
+    record.save(update_fields=["status", "errors", "finished_at"])
 
 
 def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
@@ -270,17 +275,9 @@ def run_task(context: JobContext, result_id: str) -> Any:
         # A cancelled task does not run again, whatever its tries.
         last = isinstance(exc, JobCancelled) or (not isinstance(exc, WorkerStopped) and context.is_last_attempt)
         cls = type(exc)
-        record.errors = [
-            *record.errors,
-            {
-                "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-                # Stored like FailedJob.error: scrubbed and capped.
-                "traceback": clean("".join(traceback.format_exception(exc))),
-            },
-        ]
-        record.status = TaskResultStatus.FAILED if last else TaskResultStatus.READY
-        record.finished_at = DbNow() if last else None
-        record.save(update_fields=["errors", "status", "finished_at"])
+        # Stored like FailedJob.error: scrubbed and capped.
+        text = clean("".join(traceback.format_exception(exc)))
+        _add_error(record, f"{cls.__module__}.{cls.__qualname__}", text, DbNow() if last else None)
         if last:
             read_back(record, "finished_at")
             _send(task_finished, to_task_result(record, task))
@@ -311,11 +308,7 @@ def _cancel_task(sender: Any, job_id: int, failed_job: FailedJob | None = None, 
     result_id = _result_id(failed_job)
     record = TaskResultRecord.objects.filter(pk=result_id).first() if result_id is not None else None
     if record is not None and failed_job is not None:
-        error = {"exception_class_path": CANCELLED_CLASS, "traceback": failed_job.error}
-        record.status = TaskResultStatus.FAILED
-        record.errors = [*record.errors, error]
-        record.finished_at = DbNow()
-        record.save(update_fields=["status", "errors", "finished_at"])
+        _add_error(record, CANCELLED_CLASS, failed_job.error, DbNow())
 
 
 @receiver(job_enqueued, sender=FailedJob)
