@@ -17,6 +17,7 @@ from . import conf, middleware, rates, registry, schedules, validation
 from .db import CLAIM_VENDORS
 from .metrics import prometheus_installed
 from .pool import connections_per_process
+from .validation import MAX_SECONDS, MAX_TRIES
 
 # Characters a METRICS_TOKEN needs at least: a short one can be guessed.
 MIN_TOKEN_LENGTH = 16
@@ -29,30 +30,24 @@ CHECK_IDS: dict[str, str] = {
     "dbqueue.E002": "``DBQUEUE`` has an unknown key; the hint names the closest known key.",
     "dbqueue.E003": "A ``DBQUEUE`` value has the wrong type or is out of range (the message says what it must be), "
     "or a ``MIDDLEWARE`` path does not import.",
-    "dbqueue.E004": "``DATABASE``, ``READ_DATABASE`` or ``LISTEN_DATABASE`` names an alias that is not in "
-    "``DATABASES``.",
+    "dbqueue.E004": "``DATABASE``, ``READ_DATABASE`` or ``LISTEN_DATABASE`` is not an alias of ``DATABASES``.",
     "dbqueue.E005": "The queue's database cannot claim jobs safely: it is not PostgreSQL, MariaDB/MySQL or SQLite.",
     "dbqueue.E006": "MariaDB older than 10.6 or MySQL older than 8: no ``SKIP LOCKED``.",
-    "dbqueue.E007": "A ``TASKS`` backend is ``django_dbqueue.tasks.DatabaseBackend`` while ``django_dbqueue`` is "
-    "not in ``INSTALLED_APPS``.",
+    "dbqueue.E007": "A ``TASKS`` backend is ``django_dbqueue.tasks.DatabaseBackend``, but the app is not installed.",
     "dbqueue.E008": "The Tasks backend's ``OPTIONS`` has an unknown key.",
     "dbqueue.E009": "``TASKS`` uses the backend on Django older than 6.0, which has no ``django.tasks``.",
-    "dbqueue.E010": "The Tasks backend stores tasks in a database where jobs cannot be claimed safely (not "
-    "PostgreSQL, MariaDB/MySQL or SQLite).",
+    "dbqueue.E010": "The Tasks backend's database cannot claim jobs safely (not PostgreSQL, MariaDB/MySQL or SQLite).",
     "dbqueue.E011": "A periodic schedule's cron expression cannot be read.",
     "dbqueue.E012": "A periodic schedule's time zone is unknown.",
     "dbqueue.E013": "A periodic schedule names a job that is not registered.",
-    "dbqueue.W001": "``RETRY_AFTER`` is not longer than ``TIMEOUT``: a job still running could be reclaimed and "
-    "run twice at once.",
+    "dbqueue.W001": "``RETRY_AFTER`` is not longer than ``TIMEOUT``: a running job could be reclaimed and run twice.",
     "dbqueue.W002": "A job's ``retry_after`` is not longer than its ``timeout``.",
     "dbqueue.W003": "``queue_work --concurrency`` above 1 on SQLite: allowed, but writers wait on each other.",
     "dbqueue.W004": "``queue_work --timeout`` is not shorter than ``RETRY_AFTER``.",
     "dbqueue.W005": "With ``QUEUES`` set: ``QUEUE``, or a job's ``@job(queue=...)``, is not in it.",
     "dbqueue.W006": "``queue_work --queue`` serves a queue that is not in ``QUEUES`` (the worker still runs).",
-    "dbqueue.W007": "One ``queue_work`` command may open half the server's ``max_connections`` or more: "
-    "processes x (threads + 5).",
-    "dbqueue.W008": "``django_dbqueue.metrics_urls`` is mounted but ``prometheus_client`` is not installed: the "
-    "metrics view answers 501.",
+    "dbqueue.W007": "A ``queue_work`` may open half the ``max_connections`` or more: processes x (threads + 5).",
+    "dbqueue.W008": "``metrics_urls`` is mounted without ``prometheus_client``: the metrics view answers 501.",
 }
 
 
@@ -98,17 +93,11 @@ def _rate_limits(value: Any) -> bool:
 VALIDATORS: dict[str, tuple[str, Any]] = {
     "DATABASE": ("a database alias (str)", lambda v: isinstance(v, str) and bool(v)),
     "QUEUE": ("a valid queue name", lambda v: validation.queue_name_error(v) is None),
-    "TRIES": (f"an int from 1 to {validation.MAX_TRIES}", lambda v: _whole(v, 1, validation.MAX_TRIES)),
-    "RETRY_AFTER": (
-        f"an int from 1 to {validation.MAX_SECONDS} (seconds)",
-        lambda v: _whole(v, 1, validation.MAX_SECONDS),
-    ),
-    "TIMEOUT": (
-        f"an int from 1 to {validation.MAX_SECONDS} (seconds) or None",
-        lambda v: v is None or _whole(v, 1, validation.MAX_SECONDS),
-    ),
+    "TRIES": (f"an int from 1 to {MAX_TRIES}", lambda v: _whole(v, 1, MAX_TRIES)),
+    "RETRY_AFTER": (f"an int from 1 to {MAX_SECONDS} (seconds)", lambda v: _whole(v, 1, MAX_SECONDS)),
+    "TIMEOUT": (f"an int from 1 to {MAX_SECONDS} (seconds) or None", lambda v: v is None or _whole(v, 1, MAX_SECONDS)),
     "TIMEOUT_GRACE": ("a number > 0 (seconds)", lambda v: _number(v, minimum=0.001)),
-    "BACKOFF": (f"seconds from 0 to {validation.MAX_SECONDS}, or a list of them", registry.valid_backoff),
+    "BACKOFF": (f"seconds from 0 to {MAX_SECONDS}, or a list of them", registry.valid_backoff),
     "SLEEP": ("a number >= 0 (seconds)", lambda v: _number(v, minimum=0)),
     "AUTODISCOVER": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
@@ -116,24 +105,15 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "RESULTS": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_TOKEN_MAX_AGE": ("an int >= 1 (seconds)", lambda v: _number(v, minimum=1, integer=True)),
     "PROGRESS_SHOW_ERROR": ("a bool", lambda v: isinstance(v, bool)),
-    "ERROR_MAX_LENGTH": (
-        "an int >= 200 (characters) or None",
-        lambda v: v is None or _number(v, minimum=200, integer=True),
-    ),
+    "ERROR_MAX_LENGTH": ("an int >= 200 (characters) or None", lambda v: _optional_int(v, 200)),
     "ERROR_SCRUBBER": ("a callable, its dotted path, or None", lambda v: v is None or callable(v) or _dotted(v)),
-    "MAX_PAYLOAD_SIZE": (
-        "an int >= 1024 (bytes) or None",
-        lambda v: v is None or _number(v, minimum=1024, integer=True),
-    ),
+    "MAX_PAYLOAD_SIZE": ("an int >= 1024 (bytes) or None", lambda v: _optional_int(v, 1024)),
     "QUEUES": ("None, or a non-empty list of valid queue names", lambda v: v is None or _queue_names(v)),
     "READ_DATABASE": ("a database alias (str) or None", lambda v: v is None or (isinstance(v, str) and bool(v))),
     "LISTEN": ("a bool", lambda v: isinstance(v, bool)),
     "LISTEN_DATABASE": ("a database alias (str) or None", lambda v: v is None or (isinstance(v, str) and bool(v))),
     "NETWORK_TIMEOUT": ("a number >= 1 (seconds) or None", lambda v: v is None or _number(v, minimum=1)),
-    "MIDDLEWARE": (
-        "a list of middleware: callables, or dotted paths that import to callables",
-        middleware.valid_list,
-    ),
+    "MIDDLEWARE": ("a list of middleware: callables, or dotted paths that import to callables", middleware.valid_list),
     "RATE_LIMITS": (
         "a dict of queue name to a rate limit: 'N/unit' (unit s, m, h or d, such as '100/m') "
         "or {'rate': 'N/unit', 'burst': n}",
@@ -308,15 +288,13 @@ def check_tasks_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any)
 def check_worker_queues(queues: Sequence[str]) -> list[CheckMessage]:
     """Check the queues ``queue_work`` serves against ``QUEUES``, run by the command itself."""
     known = conf.get("QUEUES")
-    if known is None:
-        return []
-    unknown = [queue for queue in queues if queue not in known]
+    unknown = [queue for queue in queues if queue not in known] if known is not None else []
     if not unknown:
         return []
-    names = ", ".join(map(repr, unknown))
     return [
         Warning(
-            f"This worker serves {names}, not in DBQUEUE['QUEUES'] ({', '.join(map(repr, known))}): "
+            f"This worker serves {', '.join(map(repr, unknown))}, not in DBQUEUE['QUEUES'] "
+            f"({', '.join(map(repr, known))}): "
             "no job can be enqueued there.",
             hint="Is it a typo? Serve one of the QUEUES, or add the queue to QUEUES.",
             id="dbqueue.W006",

@@ -91,8 +91,7 @@ DEFAULTS: dict[str, Any] = {
 @cache
 def get_settings() -> dict[str, Any]:
     """Return the defaults merged with the project's ``DBQUEUE`` dict."""
-    user = getattr(settings, "DBQUEUE", None) or {}
-    return {**DEFAULTS, **user}
+    return {**DEFAULTS, **(user_settings() or {})}
 
 
 def get(key: str) -> Any:

@@ -1,4 +1,5 @@
-"""Database helpers shared by the models and the worker."""
+"""Database helpers shared by the models and the worker: the clock, vendor facts, cursors,
+lost-connection tests and one SQL cache."""
 
 from __future__ import annotations
 
@@ -16,11 +17,8 @@ from . import conf
 
 
 class DbNow(Now):
-    """The database's clock as a timezone-aware UTC datetime, on every backend.
-
-    Django's ``Now`` is ``CURRENT_TIMESTAMP(6)`` on MySQL, which follows the
-    session time zone; Django stores naive UTC there, so use ``UTC_TIMESTAMP``.
-    """
+    """The database's clock as a timezone-aware UTC datetime, on every backend (Django's ``Now``
+    follows MySQL's session time zone, where Django stores naive UTC)."""
 
     def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
@@ -44,19 +42,16 @@ def claims_with_skip_locked(using: str | None = None) -> bool:
     return bool(connections[using or alias()].features.has_select_for_update_skip_locked)
 
 
-# MySQL/MariaDB errors that mean the session is gone or could not be opened:
-# server shutdown, too many connections, aborted or killed connection, network
-# read/write interrupted, cannot connect, server gone away, lost connection.
+# MySQL/MariaDB errors that mean the session is gone or could not be opened: shutdown, too many
+# connections, aborted or killed, network interrupted, cannot connect, gone away, lost.
 MYSQL_CONNECTION_ERRORS = frozenset({1040, 1053, 1152, 1159, 1161, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
 
 
 def is_connection_error(exc: BaseException, using: str | None = None) -> bool:
     """Tell whether ``exc`` means the session with the server broke, not that the database refused a query.
 
-    Asked of the driver's error: after an error inside ``atomic`` Django has
-    already replaced a broken connection by a fresh one. SQLite has no session
-    to lose (it reports a missing column as OperationalError); MySQL reports an
-    unknown column as OperationalError too.
+    Asked of the driver's error (Django may have reconnected already); SQLite has no session to lose,
+    and it and MySQL report a missing column as OperationalError too.
     """
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return False
@@ -67,8 +62,7 @@ def is_connection_error(exc: BaseException, using: str | None = None) -> bool:
         return True
     cause = exc.__cause__
     if vendor == "postgresql":
-        # Client-side errors have no SQLSTATE; 08: connection exception; 57P: the
-        # server ended the session (terminated, shutting down, starting up).
+        # Client-side errors have no SQLSTATE; 08: connection exception; 57P: the server ended the session.
         sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
         return sqlstate is None or sqlstate.startswith(("08", "57P"))
     if vendor == "mysql":
@@ -78,9 +72,8 @@ def is_connection_error(exc: BaseException, using: str | None = None) -> bool:
 
 
 def caused_by_lost_connection(exc: BaseException, using: str | None = None) -> bool:
-    """Tell whether ``exc``, or an exception it was raised from or while handling,
-    is a lost connection (see ``is_connection_error``): a job that wraps the
-    database's error in its own still lost its connection."""
+    """Tell whether ``exc``, or one it was raised from or while handling, is a lost connection:
+    a job that wraps the database's error in its own still lost its connection."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -91,9 +84,8 @@ def caused_by_lost_connection(exc: BaseException, using: str | None = None) -> b
     return False
 
 
-# MySQL/MariaDB messages that quote a value of the statement: a duplicate entry,
-# an incorrect value (integer, datetime, double, date), the text near a syntax
-# error (the driver formats the parameters into the SQL).
+# MySQL/MariaDB errors whose message quotes a value of the statement (duplicate entry, incorrect
+# value, the text near a syntax error).
 _MYSQL_DUPLICATE = re.compile(r"^Duplicate entry '.*' for key '([^']*)'$", re.DOTALL)
 MYSQL_QUOTING_VALUES = frozenset({1062, 1064, 1292, 1366, 1367, 1411, 1525})
 
@@ -101,16 +93,8 @@ MYSQL_QUOTING_VALUES = frozenset({1062, 1064, 1292, 1366, 1367, 1411, 1525})
 def error_text(exc: BaseException) -> str:
     """Return what may be logged of a database error: its class, code and primary message.
 
-    Never the driver's whole text: PostgreSQL's DETAIL (``Failing row
-    contains (...)``, ``Key (key)=(...) already exists``) quotes the row, that
-    is a job's arguments. PostgreSQL: the SQLSTATE and the primary message,
-    cut before the quoted input for a data exception (class 22: ``invalid input
-    syntax for type integer: "..."``); an error of the client (no SQLSTATE: a
-    lost connection), the first line of its message. MySQL/MariaDB: the error
-    code and the message, cut before the value for the codes that quote one
-    (``MYSQL_QUOTING_VALUES``), the key's name kept for a duplicate entry.
-    SQLite: the error's name and message, which quote no values. Anything
-    else: the exception's class alone.
+    Never the driver's whole text, whose details quote the row (a job's arguments): the message is
+    cut before a quoted value (PostgreSQL's class 22, ``MYSQL_QUOTING_VALUES``); SQLite's quote none.
     """
     name = type(exc).__name__
     driver = exc.__cause__ if exc.__cause__ is not None else exc
@@ -166,16 +150,10 @@ def read_back(instance: Any, *fields: str) -> None:
 
 
 def apply_network_timeout(connection: Any, seconds: float | None = None) -> bool:
-    """Bound how long a silent network can stall a query on ``connection``; return
-    whether its socket was set.
+    """Bound how long a silent network can stall a query on a TCP ``connection``; return whether its socket was set.
 
-    A read from a server that a broken network hides never returns by itself:
-    no reset ever comes. TCP keepalive probes start after a third of
-    ``seconds`` of silence and, with the user timeout (which also covers data
-    sent but never acknowledged), end the connection after about ``seconds``;
-    the driver then raises a connection error and the worker reconnects.
-    Applies to TCP connections (PostgreSQL, MariaDB/MySQL), not to Unix
-    sockets or SQLite. ``seconds`` defaults to ``DBQUEUE["NETWORK_TIMEOUT"]``.
+    A read from a server hidden by a broken network never returns: keepalives (from a third of
+    ``seconds``) and the user timeout end it after about ``seconds`` (default ``NETWORK_TIMEOUT``).
     """
     seconds = conf.get("NETWORK_TIMEOUT") if seconds is None else seconds
     raw = getattr(connection, "connection", None)
@@ -211,11 +189,8 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
 
 
 def watch_network() -> None:
-    """Apply ``apply_network_timeout`` to every database connection this process opens from now on.
-
-    Called by workers: a worker cut off from its database must notice, give up
-    its late outcome to the compare-and-set, and reconnect, without a restart.
-    """
+    """Apply ``apply_network_timeout`` to every connection this process opens from now on (a worker
+    cut off from its database must notice and reconnect, without a restart)."""
     from django.db.backends.signals import connection_created
 
     connection_created.connect(_on_connection_created, dispatch_uid="django_dbqueue.network_timeout")
@@ -225,14 +200,8 @@ def watch_network() -> None:
 
 
 def bound_cursor(connection: Any) -> Any:
-    """A cursor for the worker's fixed statements: on psycopg 3, one that sends the
-    parameters apart from the SQL (server-side binding), which spares formatting
-    them into the query text in Python; elsewhere the connection's usual cursor.
-
-    Django's cursor wrappers keep its error translation and query logging. The
-    statements are prepared by the server only if the project asked psycopg to
-    (OPTIONS ``prepare_threshold``), as for any query.
-    """
+    """A cursor for the worker's fixed statements: on psycopg 3, one that binds the parameters on the
+    server (no formatting into the SQL in Python); elsewhere the connection's usual cursor."""
     if connection.vendor != "postgresql":
         return connection.cursor()
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
@@ -246,15 +215,8 @@ def bound_cursor(connection: Any) -> Any:
 
 
 def kept_cursor(connection: Any) -> Any:
-    """Django's cursor over a driver cursor kept for this connection; not to be closed.
-
-    For one statement sent many times, one call at a time (a single enqueue):
-    making the driver's cursor anew for each call, as ``connection.cursor()``
-    does, was 11 of a single enqueue's 87 µs of CPU on PostgreSQL
-    (docs/performance.md). Django's wrapper, with its error translation, query
-    logging and ``execute_wrapper`` hooks, is made for each call as usual. A
-    new connection (after a reconnect) gets a new driver cursor.
-    """
+    """Django's cursor over a driver cursor kept for this connection (not to be closed), for a
+    statement sent once per call, such as a single enqueue (docs/performance.md)."""
     connection.ensure_connection()
     kept = connection.__dict__.get("_dbqueue_kept_cursor")
     if kept is None or kept[0] is not connection.connection or kept[1].closed:

@@ -16,8 +16,7 @@ logger = logging.getLogger("django_dbqueue")
 # What a scrubbed value becomes.
 SCRUBBED = "[scrubbed]"
 
-# Set on log records already cleaned, or that must not be (the scrubber's own
-# failure, which cleaning would only repeat).
+# Set on log records already cleaned, or that must not be (the scrubber's own failure).
 SCRUBBED_ATTRIBUTE = "dbqueue_scrubbed"
 
 # Names whose values are secrets, also as the end of a longer name: db_password,
@@ -29,13 +28,9 @@ _SECRET_NAMES = (
 # One of these is in every secret name, lower-cased.
 _NAME_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credentials")
 
-# ``name=value``, ``name: value``, ``"name": "value"``, ``'name': 'value'`` and
-# ``?name=value&`` in a URL. The match starts at the secret's name, wherever it
-# ends a longer name (db_password), and the separator must follow it at once, so
-# "author" or "tokens" are not names and prose is left alone. A bare value ends at
-# a space, quote, separator or closing bracket. The separator's spaces stay on one
-# line: "password:" ending a line leaves the next line alone. An HTTP scheme word
-# (Bearer, Basic) is kept before the value.
+# ``name=value``, ``name: value``, ``"name": "value"`` and ``?name=value&``. The separator must
+# follow the name at once ("author", "tokens" and prose are left alone) and stays on one line; a
+# bare value ends at a space, quote, separator or closing bracket; a scheme word (Bearer) is kept.
 _NAMED_VALUE = re.compile(
     r"(?P<name>(?:" + _SECRET_NAMES + r")[\"']?)"
     r"(?P<sep>[ \t]*[:=][ \t]*)"
@@ -44,30 +39,20 @@ _NAMED_VALUE = re.compile(
     re.IGNORECASE,
 )
 
-# A bearer token on its own (``Bearer eyJhbGci...``); eight characters at least, so
-# that prose ("Bearer of bad news") is kept.
+# A bearer token on its own; eight characters at least, so prose ("Bearer of bad news") is kept.
 _BEARER = re.compile(r"\b(?P<scheme>Bearer[ \t]+)[A-Za-z0-9\-._~+/]{8,}=*")
 
-# ``scheme://user:password@host``: the password goes, the user stays. The password
-# runs to the last "@" before the path, since passwords may hold "@".
+# ``scheme://user:password@host``: the password, which may hold "@", goes; the user stays.
 _URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]{0,30}://[^\s:/@?#]*:)[^\s/?#]+@", re.IGNORECASE)
 
-# 13 to 19 digits, whole or in groups as printed on cards (4-4-4-4, 4-6-5,
-# 4-4-4-4-3), not part of a longer number, word or decimal; kept unless they pass
-# the Luhn check.
+# 13 to 19 digits, whole or grouped as on cards (4-4-4-4, 4-6-5, 4-4-4-4-3), not part of a longer
+# number, word or decimal; kept unless they pass the Luhn check.
 _CARD_CANDIDATE = re.compile(r"(?<![\w.-])(?:\d{13,19}|\d{4}(?P<s>[ -])\d{4,6}(?:(?P=s)\d{3,5}){1,3})(?![\w-]|\.\d)")
 
 
 def _luhn(digits: str) -> bool:
-    total = 0
-    for position, char in enumerate(reversed(digits)):
-        value = int(char)
-        if position % 2:
-            value *= 2
-            if value > 9:
-                value -= 9
-        total += value
-    return total % 10 == 0
+    doubled = sum(sum(divmod(2 * int(char), 10)) for char in digits[-2::-2])
+    return (sum(int(char) for char in digits[-1::-2]) + doubled) % 10 == 0
 
 
 def _named_value(match: re.Match[str]) -> str:
@@ -102,18 +87,15 @@ def cap(text: str, limit: int | None) -> str:
     """Return ``text`` cut to at most ``limit`` characters, keeping its head and tail around a marker."""
     if limit is None or len(text) <= limit:
         return text
-    # The marker for the whole length is the longest it can be: the final one, which
-    # states the exact count, is no longer.
+    # The marker for the whole length is the longest the final one can be.
     kept = limit - len(_cut_marker(len(text)))
     if kept <= 0:
         return text[:limit]
     head = kept // 2
-    tail = kept - head
-    return f"{text[:head]}{_cut_marker(len(text) - kept)}{text[len(text) - tail :]}"
+    return f"{text[:head]}{_cut_marker(len(text) - kept)}{text[len(text) - (kept - head) :]}"
 
 
-# The ERROR_SCRUBBER value last resolved, and what it resolved to: resolved again
-# when the setting changes (override_settings included), not on every call.
+# The ERROR_SCRUBBER value last resolved, and what it resolved to: resolved again when the setting changes.
 _resolved: tuple[object, Callable[[str], str]] | None = None
 
 
@@ -124,11 +106,9 @@ def scrubber() -> Callable[[str], str] | None:
     if value is None:
         return None
     resolved = _resolved
-    if resolved is not None and resolved[0] is value:
-        return resolved[1]
-    func: Callable[[str], str] = import_string(value) if isinstance(value, str) else value
-    _resolved = (value, func)
-    return func
+    if resolved is None or resolved[0] is not value:
+        resolved = _resolved = (value, import_string(value) if isinstance(value, str) else value)
+    return resolved[1]
 
 
 def scrub(text: str) -> str:
@@ -146,11 +126,8 @@ def scrub(text: str) -> str:
 
 
 def _withheld(exc: Exception) -> str:
-    """Log a scrubber's failure and return the placeholder stored instead of the text.
-
-    Neither names the exception's message nor carries its traceback: both may
-    quote the text that could not be scrubbed.
-    """
+    """Log a scrubber's failure and return the placeholder stored instead of the text; neither
+    names the exception's message nor carries its traceback, which may quote the text."""
     setting = conf.get("ERROR_SCRUBBER")
     if isinstance(setting, str):
         name = setting
@@ -174,11 +151,8 @@ def clean(text: str) -> str:
 
 
 class ScrubFilter(logging.Filter):
-    """Clean the message and exception text of records at WARNING and above, or with a traceback.
-
-    The per-job INFO line and other routine records pass untouched, at the cost of
-    one comparison.
-    """
+    """Clean the message and exception text of records at WARNING and above, or with a traceback;
+    routine records (the per-job INFO line) pass at the cost of one comparison."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING and not record.exc_info:
@@ -191,8 +165,7 @@ class ScrubFilter(logging.Filter):
             return True
         record.msg, record.args = clean(message), None
         if record.exc_info and not record.exc_text:
-            # Formatters print exc_text when it is set; exc_info stays for handlers
-            # that want the exception object (error trackers scrub on their own).
+            # Formatters print exc_text when set; exc_info stays for error trackers (they scrub on their own).
             record.exc_text = clean(logging.Formatter().formatException(record.exc_info))
         setattr(record, SCRUBBED_ATTRIBUTE, True)
         return True

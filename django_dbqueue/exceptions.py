@@ -46,8 +46,8 @@ class WorkerLost(DbQueueError):
 
 
 class InvalidJobRow(DbQueueError):
-    """A job row holds a value the worker cannot act on (written by hand, by ``update()``
-    or raw SQL, or before the table's checks): it was moved to ``FailedJob`` unrun."""
+    """A job row holds a value the worker cannot act on (written by hand, ``update()``, raw SQL
+    or before the table's checks): it was moved to ``FailedJob`` unrun."""
 
 
 class FailedJobsNotFound(DbQueueError, LookupError):
@@ -59,28 +59,18 @@ class FailedJobsNotFound(DbQueueError, LookupError):
 
 
 class JobTimeout(BaseException):
-    """Raised inside a job that ran past its timeout.
-
-    A BaseException, so a job's ``except Exception`` does not swallow it.
-    """
+    """Raised inside a job that ran past its timeout: a BaseException, which ``except Exception`` lets through."""
 
 
 class JobCancelled(BaseException):
-    """Raised inside a running job that was cancelled: by ``context.check_cancelled()``
-    and ``context.progress()`` after a cancel request, or at once for a hard cancel.
-
-    A BaseException, like JobTimeout, so a job's ``except Exception`` does not
-    swallow it. The job moves to ``FailedJob`` as cancelled; no retry, and no
-    ``on_failure`` callback.
-    """
+    """Raised inside a cancelled job by ``context.check_cancelled()`` and ``context.progress()``, or at
+    once for a hard cancel; a BaseException like JobTimeout. The job moves to ``FailedJob`` as
+    cancelled, with no retry and no ``on_failure`` callback."""
 
 
 class Snooze(BaseException):
-    """Raised by a job to run again after ``seconds`` without spending one of its tries.
-
-    A BaseException, like JobTimeout, so a job's ``except Exception`` does not
-    swallow it. Raise it, or call ``context.snooze(seconds)``.
-    """
+    """Raised by a job (or ``context.snooze(seconds)``) to run again after ``seconds`` without
+    spending one of its tries; a BaseException like JobTimeout."""
 
     def __init__(self, seconds: float | timedelta = 0) -> None:
         self.seconds = snooze_seconds(seconds)

@@ -6,29 +6,27 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 
 from . import conf, lifecycle, workers
-from .db import DbNow, alias
+from .db import DbNow, alias, read_back
 from .exceptions import FailedJobsNotFound
 from .insert import analyze_if_large
 from .models import ANALYZE_AFTER, FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
 
 RESTART_KEY = "restart"
-# Failed jobs retried per transaction: memory and lock time stay bounded, and an
-# interrupted retry leaves each job either retried or still failed. Under
-# ANALYZE_AFTER, so PostgreSQL's ANALYZE of the job table runs once at the end of a
-# large retry, not after every chunk (docs/performance.md).
+# Failed jobs retried per transaction: bounded memory and lock time, and an interrupted retry leaves
+# each job retried or still failed. Under ANALYZE_AFTER, so PostgreSQL analyzes once at the end.
 RETRY_CHUNK = ANALYZE_AFTER - 1
-# Query parameters per statement when selecting by explicit ids: far under every
-# database's limit (SQLite 32766 or 250000, PostgreSQL 65535).
+# Query parameters per statement when selecting by explicit ids: far under every database's limit.
 IDS_PER_QUERY = 1000
 
 
 def job_state(job: Job, now: datetime | None) -> str:
-    """Where a job is, in words: waiting, delayed, blocked, reserved or reservation expired (``Job.state``)."""
+    """Where a job is, in words (``Job.state``)."""
     return str(job.state(now).label)
 
 
@@ -61,8 +59,7 @@ def read_alias() -> str:
 
 
 def queue_overview() -> list[QueueStats]:
-    """Counts per queue from two grouped queries, and the paused queues from a third, all
-    on ``read_alias()``; a paused queue without jobs is listed too."""
+    """Counts per queue, and the paused queues (with or without jobs), read on ``read_alias()``."""
     using = read_alias()
     now = DbNow()
     waiting = Q(reserved_at__isnull=True, blocked=False, available_at__lte=now)
@@ -86,15 +83,8 @@ def queue_overview() -> list[QueueStats]:
     for row in rows:
         oldest = row["oldest"]
         age = max((row["clock"] - oldest).total_seconds(), 0.0) if oldest is not None else None
-        stats[row["queue"]] = QueueStats(
-            row["queue"],
-            row["waiting"],
-            row["delayed"],
-            row["reserved"],
-            failed.get(row["queue"], 0),
-            age,
-            blocked=row["held"],
-        )
+        counts = {"failed": failed.get(row["queue"], 0), "oldest_waiting_seconds": age, "blocked": row["held"]}
+        stats[row["queue"]] = QueueStats(row["queue"], row["waiting"], row["delayed"], row["reserved"], **counts)
     for queue, count in failed.items():
         stats.setdefault(queue, QueueStats(queue, failed=count))
     for queue, paused_at in PausedQueue.objects.using(using).values_list("queue", "paused_at"):
@@ -114,11 +104,9 @@ def queues_over(stats: Iterable[QueueStats], limit: int) -> list[QueueStats]:
 
 
 def live_workers(max_age: float | None = None) -> QuerySet[QueueWorker]:
-    """The workers seen within ``max_age`` seconds of the database's clock (default:
-    ``workers.dead_after()``, three beats: the age at which a worker counts as dead)."""
-    if max_age is None:
-        max_age = workers.dead_after()
-    return QueueWorker.objects.filter(last_seen_at__gte=DbNow() - timedelta(seconds=max_age))
+    """The workers seen within ``max_age`` seconds of the database's clock (default: ``workers.dead_after()``)."""
+    seconds = workers.dead_after() if max_age is None else max_age
+    return QueueWorker.objects.filter(last_seen_at__gte=DbNow() - timedelta(seconds=seconds))
 
 
 def served_queues(max_age: float | None = None) -> set[str]:
@@ -132,30 +120,18 @@ def served_queues(max_age: float | None = None) -> set[str]:
 def unserved(stats: Iterable[QueueStats], max_age: float | None = None) -> list[QueueStats]:
     """The queues among ``stats`` that have waiting jobs and no live worker serving them."""
     waiting = [item for item in stats if item.waiting]
-    if not waiting:
-        return []
-    served = served_queues(max_age)
+    served = served_queues(max_age) if waiting else set()
     return [item for item in waiting if item.queue not in served]
 
 
-def delete_unreserved(ids: Sequence[int]) -> list[Job]:
-    """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted.
-
-    A reserved job is left alone: its worker may be running it, and deleting it
-    would drop its outcome and, in a chain, the steps still to run.
-    """
-    return lifecycle.delete_unreserved(ids)
+# The admin's actions, named here with the commands' operations.
+delete_unreserved = lifecycle.delete_unreserved
+run_now = lifecycle.run_now
 
 
 def cancel_jobs(ids: Iterable[int], *, hard: bool = False, reason: str = "") -> dict[int, str]:
-    """Cancel jobs by id; return each id's outcome (see ``lifecycle.cancel``): ``cancelled``,
-    ``requested``, or ``missing`` (no such job is waiting or running)."""
+    """Cancel jobs by id; return each id's outcome: ``cancelled``, ``requested`` or ``missing``."""
     return {pk: lifecycle.cancel(pk, hard=hard, reason=reason) for pk in dict.fromkeys(ids)}
-
-
-def run_now(jobs: QuerySet[Job]) -> int:
-    """Make unreserved jobs available at once; return how many."""
-    return lifecycle.run_now(jobs)
 
 
 def release_expired(jobs: QuerySet[Job] | None = None) -> int:
@@ -170,12 +146,9 @@ def retry_failed(
     chunk_size: int = RETRY_CHUNK,
     progress: Callable[[int], object] | None = None,
 ) -> int:
-    """Put failed jobs back as fresh jobs and remove their failed rows, a chunk per transaction; return how many.
+    """Put failed jobs back as fresh jobs, ``chunk_size`` ids per transaction in id order; return how many.
 
-    The selection is walked in id order, ``chunk_size`` ids at a time, so memory
-    stays bounded whatever its size. ``progress`` is called after each chunk with
-    the number retried so far; if it (or anything) raises, the chunks done stay
-    retried and the rest stay failed.
+    ``progress`` gets the number retried after each chunk; if anything raises, the chunks done stay retried.
     """
     retried = 0
     for chunk in _id_chunks(failed, chunk_size):
@@ -187,27 +160,21 @@ def retry_failed(
 
 
 def _id_chunks(selection: QuerySet[FailedJob], chunk_size: int) -> Iterator[list[int]]:
-    """The ids of ``selection`` in ascending order, ``chunk_size`` at a time (keyset pagination).
-
-    Each chunk is read after the one before was used, so rows the caller deleted
-    are not read again and no list of every id is built.
-    """
+    """The ids of ``selection`` in ascending order, ``chunk_size`` at a time, each read after the last was used."""
     limit = connections[selection.db].features.max_query_params
     size = max(1, min(chunk_size, limit) if limit else chunk_size)
-    ordered = selection.order_by("pk")
-    last: int | None = None
-    while True:
-        page = ordered if last is None else ordered.filter(pk__gt=last)
-        chunk = list(page.values_list("pk", flat=True)[:size])
-        if not chunk:
-            return
+    page = selection.order_by("pk")
+    while chunk := list(page.values_list("pk", flat=True)[:size]):
         yield chunk
         if len(chunk) < size:
             return
-        last = chunk[-1]
+        page = selection.order_by("pk").filter(pk__gt=chunk[-1])
 
 
-def failed_older_than(hours: float) -> QuerySet[FailedJob]:
+def _failed_older_than(hours: float | None) -> QuerySet[FailedJob]:
+    """The failed jobs older than ``hours``; all of them if None."""
+    if hours is None:
+        return FailedJob.objects.all()
     return FailedJob.objects.filter(failed_at__lt=DbNow() - timedelta(hours=hours))
 
 
@@ -222,19 +189,13 @@ def failed_jobs(*, queue: str | None = None, name: str | None = None) -> FailedJ
 
 
 def retry_failed_ids(ids: Sequence[int]) -> int:
-    """Retry the failed jobs with these ids, all or none, in one transaction; return how many.
-
-    Raise ``FailedJobsNotFound`` naming the ids that do not exist; then nothing is retried.
-    """
+    """Retry the failed jobs with these ids in one transaction; if one is missing, raise ``FailedJobsNotFound``."""
     with transaction.atomic(using=alias()):
         return sum(retry_failed(failed) for failed in _all_failed(ids))
 
 
 def delete_failed_ids(ids: Sequence[int]) -> int:
-    """Delete the failed jobs with these ids, all or none; return how many.
-
-    Raise ``FailedJobsNotFound`` naming the ids that do not exist; then nothing is deleted.
-    """
+    """Delete the failed jobs with these ids in one transaction; if one is missing, raise ``FailedJobsNotFound``."""
     with transaction.atomic(using=alias()):
         return sum(failed.delete()[0] for failed in _all_failed(ids))
 
@@ -251,40 +212,33 @@ class Prunable:
 
 def prunable(hours: float | None = None) -> Prunable:
     """Count the failed jobs older than ``hours`` (all of them if None)."""
-    failed = failed_older_than(hours) if hours is not None else FailedJob.objects.all()
-    found = failed.order_by().aggregate(count=Count("id"), last_id=Max("id"))
-    return Prunable(hours, found["count"], found["last_id"])
+    return Prunable(hours, *_count(_failed_older_than(hours)))
 
 
 def prune_failed(hours: float | None = None, *, counted: Prunable | None = None) -> int:
-    """Delete the failed jobs older than ``hours`` (all of them if None); return how many.
+    """Delete the failed jobs older than ``hours`` (all if None), or only those ``counted``; return how many."""
+    if counted is None:
+        return _failed_older_than(hours).delete()[0]
+    if counted.last_id is None:
+        return 0
+    return _failed_older_than(counted.hours).filter(id__lte=counted.last_id).delete()[0]
 
-    With ``counted``, only those counted are deleted: not the jobs that failed since.
-    """
-    if counted is not None:
-        if counted.last_id is None:
-            return 0
-        hours = counted.hours
-    failed = failed_older_than(hours) if hours is not None else FailedJob.objects.all()
-    if counted is not None:
-        failed = failed.filter(id__lte=counted.last_id)
-    deleted, _ = failed.delete()
-    return deleted
+
+def _count(selected: QuerySet[Any]) -> tuple[int, int | None]:
+    """How many rows ``selected`` has, and the highest id among them."""
+    found = selected.order_by().aggregate(count=Count("id"), last_id=Max("id"))
+    return found["count"], found["last_id"]
 
 
 def _all_failed(ids: Sequence[int]) -> list[FailedJobQuerySet]:
-    """The failed jobs with these ids, a few ids per query, locked until the transaction ends.
-
-    Raise ``FailedJobsNotFound`` if one is missing.
-    """
+    """The failed jobs with these ids, a few per query, locked; raise ``FailedJobsNotFound`` if one is missing."""
     groups = [FailedJob.objects.get_queryset().filter(condition) for condition in _pk_conditions(ids)]
     found: set[int] = set()
     for failed in groups:
         found.update(failed.select_for_update().values_list("pk", flat=True))
     missing = [pk for pk in ids if pk not in found]
     if missing:
-        which = f"id {missing[0]}" if len(missing) == 1 else f"ids {format_ids(missing)}"
-        raise FailedJobsNotFound(f"no failed job has the {which}", missing)
+        raise FailedJobsNotFound(f"no failed job has the {which_ids(missing)}", missing)
     return groups
 
 
@@ -300,19 +254,11 @@ class Clearable:
 
 def clearable(queue: str) -> Clearable:
     """Count the waiting and delayed (not reserved) jobs of ``queue``."""
-    found = (
-        Job.objects.filter(queue=queue, reserved_at__isnull=True)
-        .order_by()
-        .aggregate(count=Count("id"), last_id=Max("id"))
-    )
-    return Clearable(queue, found["count"], found["last_id"])
+    return Clearable(queue, *_count(Job.objects.filter(queue=queue, reserved_at__isnull=True)))
 
 
 def clear_queue(counted: Clearable) -> int:
-    """Delete the jobs ``counted`` that are still waiting or delayed; return how many.
-
-    Reserved jobs stay, and so do jobs enqueued after the count.
-    """
+    """Delete the jobs ``counted`` that are still waiting or delayed (not those enqueued since); return how many."""
     if counted.last_id is None:
         return 0
     return lifecycle.delete_waiting(counted.queue, counted.last_id)
@@ -339,13 +285,15 @@ def parse_ids(specs: list[str]) -> list[int]:
 
 
 def format_ids(ids: Iterable[int], *, most: int = 10) -> str:
-    """Write ids as ``parse_ids`` reads them, ranges joined: ``[3, 5, 6, 7]`` gives ``"3, 5-7"``.
-
-    Only the first ``most`` parts are written, then how many more there are.
-    """
+    """Write ids as ``parse_ids`` reads them (``[3, 5, 6, 7]``: ``"3, 5-7"``), then how many more past ``most``."""
     parts = [str(start) if start == end else f"{start}-{end}" for start, end in _id_runs(ids)]
     more = f" and {len(parts) - most} more" if len(parts) > most else ""
     return ", ".join(parts[:most]) + more
+
+
+def which_ids(ids: Sequence[int]) -> str:
+    """``id 3``, or ``ids 3, 5-7``: the ids a refusal names."""
+    return f"id {ids[0]}" if len(ids) == 1 else f"ids {format_ids(ids)}"
 
 
 def _id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
@@ -360,39 +308,33 @@ def _id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def _pk_conditions(ids: Iterable[int], most: int = IDS_PER_QUERY) -> list[Q]:
-    """Conditions that together select ``ids``, each with at most ``most`` parameters.
-
-    Each run of consecutive ids is one BETWEEN, so 1-100000 is two parameters.
-    """
-    conditions: list[Q] = []
-    singles: list[int] = []
-    ranges: list[tuple[int, int]] = []
-
-    def flush() -> None:
-        condition = Q(pk__in=list(singles)) if singles else Q()
-        for start, end in ranges:
-            condition |= Q(pk__range=(start, end))
-        conditions.append(condition)
-        singles.clear()
-        ranges.clear()
-
+    """Conditions that together select ``ids``, each with at most ``most`` parameters (a run of ids is one BETWEEN)."""
+    groups: list[list[tuple[int, int]]] = []
+    used = most
     for start, end in _id_runs(ids):
-        if len(singles) + 2 * len(ranges) + (1 if start == end else 2) > most:
-            flush()
-        if start == end:
-            singles.append(start)
-        else:
-            ranges.append((start, end))
-    if singles or ranges:
-        flush()
-    return conditions
+        cost = 1 if start == end else 2
+        if used + cost > most:
+            groups.append([])
+            used = 0
+        groups[-1].append((start, end))
+        used += cost
+    return [_pk_condition(runs) for runs in groups]
+
+
+def _pk_condition(runs: list[tuple[int, int]]) -> Q:
+    singles = [start for start, end in runs if start == end]
+    condition = Q(pk__in=singles) if singles else Q()
+    for start, end in runs:
+        if start != end:
+            condition |= Q(pk__range=(start, end))
+    return condition
 
 
 def request_restart() -> datetime:
     """Ask every worker, on every host, to finish its current job and exit."""
     with transaction.atomic(using=alias()):
         marker, _ = QueueControl.objects.update_or_create(key=RESTART_KEY, defaults={"updated_at": DbNow()})
-    marker.refresh_from_db(fields=["updated_at"], using=marker._state.db)
+    read_back(marker, "updated_at")
     updated_at: datetime = marker.updated_at
     return updated_at
 

@@ -1,10 +1,7 @@
 """A backend for Django's Tasks framework (``django.tasks``, Django 6).
 
-``TASKS = {"default": {"BACKEND": "django_dbqueue.tasks.DatabaseBackend"}}``
-runs every ``@task`` on the queue: a task is stored as a job of the internal
-job ``django_dbqueue.run_task``, run by ``queue_work`` with the queue's
-retries, timeouts and recovery, and its outcome is kept in
-``TaskResultRecord`` after the job row is gone.
+A task is stored as a job of the internal job ``django_dbqueue.run_task``, run by ``queue_work``
+with the queue's retries, timeouts and recovery; its outcome stays in ``TaskResultRecord``.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
-from . import handles, payload, registry
+from . import payload, registry
 from .context import JobContext
 from .db import CLAIM_VENDORS, DbNow, alias, read_back
 from .errors import clean
@@ -42,6 +39,8 @@ logger = logging.getLogger("django_dbqueue")
 
 RUN_TASK = TASKS_JOB
 OPTION_KEYS = ("TRIES", "RETRY_AFTER", "TIMEOUT", "BACKOFF")
+# The job options a task may set, else the backend's OPTIONS.
+TASK_OPTIONS = tuple(key.lower() for key in OPTION_KEYS)
 
 if TYPE_CHECKING:
     _TaskBase = Task[..., Any]
@@ -107,10 +106,7 @@ class DatabaseBackend(BaseTaskBackend):
             "name": RUN_TASK,
             "queue": task.queue_name,
             "priority": task.priority,
-            "tries": self._option(task, "tries"),
-            "retry_after": self._option(task, "retry_after"),
-            "timeout": self._option(task, "timeout"),
-            "backoff": self._option(task, "backoff"),
+            **{option: self._option(task, option) for option in TASK_OPTIONS},
             **payload.encode_arguments((result_id,), {}),
         }
         row = new_job(step).to_job()
@@ -184,8 +180,7 @@ class DatabaseBackend(BaseTaskBackend):
 def find_task(task_path: str) -> Task[..., Any]:
     """The task registered at ``task_path``; raise ``JobNotRegistered`` for any other path.
 
-    Never imported from the path: the path comes from a row (a job's result
-    record), and importing the module a row names runs that module's code.
+    Never imported: the path comes from a row, and importing the module a row names runs its code.
     """
     task = _tasks.get(task_path)
     if task is None:
@@ -220,11 +215,8 @@ def to_task_result(record: TaskResultRecord, task: Task[..., Any]) -> TaskResult
 
 
 def reconcile(record: TaskResultRecord) -> TaskResultRecord:
-    """Bring an unfinished result in line with its job: waiting, running, or failed without a word.
-
-    A worker that was killed, or a job that ran past its timeout and was ended by
-    force, cannot write its result; its job then moves to FailedJob (or waits again).
-    """
+    """Bring an unfinished result in line with its job: waiting, running, or failed without a word
+    (by a worker killed, or a job ended by force at its timeout, which cannot write its result)."""
     if record.status not in (TaskResultStatus.READY, TaskResultStatus.RUNNING) or record.job_id is None:
         return record
     current = Job.objects.filter(pk=record.job_id).values_list("reserved_at", flat=True)
@@ -236,11 +228,16 @@ def reconcile(record: TaskResultRecord) -> TaskResultRecord:
         return record
     failed = FailedJob.objects.filter(job_id=record.job_id).order_by("-failed_at").first()
     if failed is not None:
-        record.status = TaskResultStatus.FAILED
-        record.errors = [*record.errors, {"exception_class_path": failed.exception_class, "traceback": failed.error}]
-        record.finished_at = failed.failed_at
-        record.save(update_fields=["status", "errors", "finished_at"])
+        _add_error(record, failed.exception_class, failed.error, failed.failed_at)
     return record
+
+
+def _add_error(record: TaskResultRecord, class_path: str, text: str, finished_at: Any) -> None:
+    """Store an error of ``record``'s task: FAILED at ``finished_at``, or READY to run again if it is None."""
+    record.errors = [*record.errors, {"exception_class_path": class_path, "traceback": text}]
+    record.status = TaskResultStatus.FAILED if finished_at is not None else TaskResultStatus.READY
+    record.finished_at = finished_at
+    record.save(update_fields=["status", "errors", "finished_at"])
 
 
 def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
@@ -278,17 +275,9 @@ def run_task(context: JobContext, result_id: str) -> Any:
         # A cancelled task does not run again, whatever its tries.
         last = isinstance(exc, JobCancelled) or (not isinstance(exc, WorkerStopped) and context.is_last_attempt)
         cls = type(exc)
-        record.errors = [
-            *record.errors,
-            {
-                "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-                # Stored like FailedJob.error: scrubbed and capped.
-                "traceback": clean("".join(traceback.format_exception(exc))),
-            },
-        ]
-        record.status = TaskResultStatus.FAILED if last else TaskResultStatus.READY
-        record.finished_at = DbNow() if last else None
-        record.save(update_fields=["errors", "status", "finished_at"])
+        # Stored like FailedJob.error: scrubbed and capped.
+        text = clean("".join(traceback.format_exception(exc)))
+        _add_error(record, f"{cls.__module__}.{cls.__qualname__}", text, DbNow() if last else None)
         if last:
             read_back(record, "finished_at")
             _send(task_finished, to_task_result(record, task))
@@ -302,39 +291,32 @@ def run_task(context: JobContext, result_id: str) -> Any:
     return value
 
 
+def _result_id(row: Job | FailedJob | None) -> str | None:
+    """The result id a ``run_task`` row carries; None for any other row."""
+    if row is None or row.name != RUN_TASK:
+        return None
+    try:
+        return str(payload.decode(row.payload)["args"][0])
+    except (PayloadError, IndexError, KeyError):
+        return None
+
+
 @receiver(job_cancelled)
 def _cancel_task(sender: Any, job_id: int, failed_job: FailedJob | None = None, **kwargs: Any) -> None:
     """A task cancelled before it ran: its result is FAILED, with the cancellation as its error
     (django.tasks has no cancelled status)."""
-    if failed_job is None or failed_job.name != RUN_TASK:
-        return
-    try:
-        result_id = payload.decode(failed_job.payload)["args"][0]
-    except (PayloadError, IndexError, KeyError):
-        return
-    error = {"exception_class_path": CANCELLED_CLASS, "traceback": failed_job.error}
-    record = TaskResultRecord.objects.filter(pk=result_id).first()
-    if record is not None:
-        record.status = TaskResultStatus.FAILED
-        record.errors = [*record.errors, error]
-        record.finished_at = DbNow()
-        record.save(update_fields=["status", "errors", "finished_at"])
+    result_id = _result_id(failed_job)
+    record = TaskResultRecord.objects.filter(pk=result_id).first() if result_id is not None else None
+    if record is not None and failed_job is not None:
+        _add_error(record, CANCELLED_CLASS, failed_job.error, DbNow())
 
 
 @receiver(job_enqueued, sender=FailedJob)
 def _follow_retried_job(sender: Any, job: Job, **kwargs: Any) -> None:
-    """A task retried from FailedJob runs as a new job: its result follows it.
-
-    Connected for that sender alone, so ``enqueue_many`` can skip its signals."""
-    if job.name != RUN_TASK:
-        return
-    try:
-        result_id = payload.decode(job.payload)["args"][0]
-    except (PayloadError, IndexError, KeyError):
-        return
-    TaskResultRecord.objects.filter(pk=result_id).update(job_id=job.pk, status=TaskResultStatus.READY, finished_at=None)
-
-
-def prune_results(hours: float) -> int:
-    """Delete finished results (of tasks and of jobs) older than ``hours``; return how many."""
-    return handles.prune_results(hours)
+    """A task retried from FailedJob runs as a new job: its result follows it (connected for that
+    sender alone, so ``enqueue_many`` can skip its signals)."""
+    result_id = _result_id(job)
+    if result_id is not None:
+        TaskResultRecord.objects.filter(pk=result_id).update(
+            job_id=job.pk, status=TaskResultStatus.READY, finished_at=None
+        )

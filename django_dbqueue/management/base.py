@@ -1,6 +1,5 @@
 """The base of the queue_* commands: the arguments they share (ids, ``--queue``, ``--hours``,
-``--limit``, confirmation) and their ways of answering (lines, tables, refusals), so that each
-command is its own arguments and one call into the library."""
+``--limit``, confirmation) and their answers (lines, tables, refusals)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from django.db.models import QuerySet
 from django_dbqueue import batches
 from django_dbqueue.management import options, output
 from django_dbqueue.models import JobBatch
-from django_dbqueue.operations import format_ids
+from django_dbqueue.operations import which_ids
 
 IDS = "3, a range 5-9, a list 12,14"
 DEFAULT_LIMIT = 50
@@ -24,8 +23,6 @@ DEFAULT_LIMIT = 50
 class QueueCommand(BaseCommand):
     # Tests pass a stand-in for the terminal (read by ``delete_confirmed``).
     stealth_options = ("stdin",)
-
-    # -- arguments -----------------------------------------------------------
 
     def add_ids(self, parser: Any, help: str, *, nargs: str = "+", type: Any = options.ids) -> None:
         parser.add_argument("ids", nargs=nargs, type=type, metavar="ID", help=help)
@@ -60,8 +57,6 @@ class QueueCommand(BaseCommand):
             help="Never ask: without --force, stop with an error instead.",
         )
 
-    # -- answers -------------------------------------------------------------
-
     def success(self, text: str) -> None:
         self.stdout.write(self.style.SUCCESS(text))
 
@@ -92,10 +87,9 @@ class QueueCommand(BaseCommand):
             self.stdout.write(f"{len(shown)} of {total} {what} shown; --limit shows more.")
 
     def delete_confirmed(self, opts: dict[str, Any], what: str, delete: Callable[[], str]) -> None:
-        """Ask ``Delete <what>? [y/N]`` unless ``--force`` was given; on yes, ``delete`` deletes and says what it did.
+        """Ask ``Delete <what>? [y/N]`` unless ``--force``; on yes, ``delete`` deletes and says what it did.
 
-        Refuse when nobody can answer (``--no-input``, or stdin is not a terminal),
-        naming ``--force``.
+        Refuse, naming ``--force``, when nobody can answer (``--no-input``, or stdin is not a terminal).
         """
         if not opts["force"]:
             stdin: Any = opts.get("stdin", sys.stdin)
@@ -135,8 +129,7 @@ class QueueCommand(BaseCommand):
             except JobBatch.DoesNotExist:
                 missing.append(pk)
         if missing:
-            which = f"id {missing[0]}" if len(missing) == 1 else f"ids {format_ids(missing)}"
-            raise CommandError(f"Nothing was {nothing}: no batch has the {which} (unknown, or pruned).")
+            raise CommandError(f"Nothing was {nothing}: no batch has the {which_ids(missing)} (unknown, or pruned).")
         return found
 
 
@@ -146,9 +139,8 @@ class PruneCommand(QueueCommand):
     hours_help: str
     # Formatted with ``count`` and ``hours``.
     done: str
-
-    def prune(self, hours: float) -> int:
-        raise NotImplementedError
+    # Deletes what is older than ``hours`` and says how many: a staticmethod of the library.
+    prune: Callable[[float], int]
 
     def add_arguments(self, parser: Any) -> None:
         self.add_hours(parser, self.hours_help)

@@ -18,12 +18,8 @@ ELLIPSIS = "..."
 
 
 def shorten(text: str, width: int) -> str:
-    """Cut ``text`` to ``width`` characters, marked with ``...``.
-
-    A dotted name (``myapp.jobs.send_mail``, ``builtins.ValueError``) keeps its end,
-    the function or class, dropping whole leading parts where it can; other text
-    keeps its start.
-    """
+    """Cut ``text`` to ``width`` characters, marked with ``...``: a dotted name keeps its end (whole
+    parts where it can), other text its start."""
     if len(text) <= width:
         return text
     room = width - len(ELLIPSIS)
@@ -45,12 +41,8 @@ def table(
     right: Collection[int] = (),
     width: int = WIDTH,
 ) -> list[str]:
-    """Lay out ``rows`` under ``headers`` as lines no longer than ``width``.
-
-    The widest of the ``shrink`` columns loses a character until the table fits
-    (or every such column is down to ``MIN_CELL``); ``right`` columns are
-    right-aligned, for numbers.
-    """
+    """Lay out ``rows`` under ``headers`` in ``width``: the widest ``shrink`` column loses a character until
+    the table fits (or each is down to ``MIN_CELL``); ``right`` columns are right-aligned."""
     natural = _widths(headers, rows)
     widths = list(natural)
     floor = {index: max(MIN_CELL, len(headers[index])) for index in shrink}

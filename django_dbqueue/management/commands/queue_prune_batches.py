@@ -9,6 +9,4 @@ class Command(PruneCommand):
     )
     hours_help = "Delete batches finished more than N hours ago, N > 0 (required, no default)."
     done = "Deleted {count} batch(es) finished more than {hours:g} h ago."
-
-    def prune(self, hours: float) -> int:
-        return batches.prune(hours)
+    prune = staticmethod(batches.prune)

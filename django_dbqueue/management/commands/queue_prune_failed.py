@@ -6,6 +6,4 @@ class Command(PruneCommand):
     help = "Delete the failed jobs that failed more than --hours ago, e.g. daily from cron."
     hours_help = "Delete failed jobs older than N hours, N > 0 (required, no default)."
     done = "{count} failed job(s) older than {hours:g} hours were deleted."
-
-    def prune(self, hours: float) -> int:
-        return operations.prune_failed(hours)
+    prune = staticmethod(operations.prune_failed)

@@ -6,6 +6,4 @@ class Command(PruneCommand):
     help = "Delete progress rows (of jobs and chains) not updated for N hours."
     hours_help = "Delete rows older than this many hours (required)."
     done = "Deleted {count} progress row(s) older than {hours:g} h."
-
-    def prune(self, hours: float) -> int:
-        return progress.prune(hours)
+    prune = staticmethod(progress.prune)

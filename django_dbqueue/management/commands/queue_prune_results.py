@@ -6,6 +6,4 @@ class Command(PruneCommand):
     help = "Delete the kept results of jobs and django.tasks tasks that finished more than N hours ago."
     hours_help = "Delete results finished longer ago than this many hours (required)."
     done = "Deleted {count} result(s) finished more than {hours:g} h ago."
-
-    def prune(self, hours: float) -> int:
-        return handles.prune_results(hours)
+    prune = staticmethod(handles.prune_results)
