@@ -115,13 +115,9 @@ def check_workers(needed: int, host: str | None) -> Finding:
     live = rows.count()
     where = f"on host {host!r}" if host is not None else "on any host"
     found = f"{_jobs(live, 'live worker')} {where}"
-    if live >= needed:
-        return Finding("workers", Status.HEALTHY, found)
-    return Finding(
-        "workers",
-        Status.UNHEALTHY,
-        f"{found}, {needed} needed (a worker is live if it beat within {workers.dead_after():g} s)",
-    )
+    if live < needed:
+        found += f", {needed} needed (a worker is live if it beat within {workers.dead_after():g} s)"
+    return Finding("workers", Status.HEALTHY if live >= needed else Status.UNHEALTHY, found)
 
 
 def check_queues(max_depth: int | None, max_age: float | None, queues: Sequence[str] | None) -> list[Finding]:

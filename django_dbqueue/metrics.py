@@ -67,10 +67,8 @@ def sent_token(request: HttpRequest) -> str | None:
 
 def refusal(request: HttpRequest, permissions: Sequence[str] = PERMISSIONS) -> tuple[int, str] | None:
     """Return ``(status, reason)`` refusing ``request`` a view for users with ``permissions``, or None.
-
     A token is checked before the session: a wrong one is refused even for a logged-in user, so a
-    typo in a scrape config shows at once instead of working only in a browser.
-    """
+    typo in a scrape config shows at once instead of working only in a browser."""
     token = sent_token(request)
     if token is not None:
         expected = conf.get("METRICS_TOKEN")
@@ -149,9 +147,8 @@ def history_sums(
 
 def totals_of(row: dict[str, Any]) -> history.Totals:
     """The ``history.Totals`` of a row of ``history_sums`` over ``history.ADDED``."""
-    return history.Totals(
-        *(row[name] for name in history.COUNTS), row["run_time"], [row[name] for name in history.BINS]
-    )
+    counts = {name: row[name] for name in (*history.COUNTS, "run_time")}
+    return history.Totals(**counts, bins=[row[name] for name in history.BINS])
 
 
 def read_history() -> dict[tuple[str, str], history.Totals]:

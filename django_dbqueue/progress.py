@@ -46,9 +46,8 @@ _shared: _SharedWriter | None = None
 
 @contextmanager
 def share_writer() -> Iterator[None]:
-    """Make every thread write progress through one connection, one write at a time,
-    until the block ends: a worker running N jobs at once keeps one progress
-    connection, not N."""
+    """Make every thread write progress through one connection, one write at a time, until the block
+    ends: a worker running N jobs at once keeps one progress connection, not N."""
     global _shared
     _shared = _SharedWriter()
     try:
@@ -103,24 +102,20 @@ _offload_lock = threading.Lock()
 _offload: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-def _write_later(key: str, percent: float, stage: str, finished: bool, failed: bool, error: str) -> bool:
-    """Write from a thread of its own: an ``async def`` job must not block the worker's loop, and
-    Django refuses sync database calls there. One thread, so writes keep their order."""
-    global _offload
-    with _offload_lock:
-        if _offload is None:
-            _offload = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbqueue-progress")
-    _offload.submit(set_progress, key, percent, stage, finished=finished, failed=failed, error=error)
-    return True
-
-
 def set_progress(
     key: str, percent: float, stage: str = "", *, finished: bool = False, failed: bool = False, error: str = ""
 ) -> bool:
     """Store the progress of ``key``; return False (and log) if it could not be stored.
     On a running event loop (an ``async def`` job) the write is handed to a thread: True means queued."""
+    global _offload
     if asyncio._get_running_loop() is not None:
-        return _write_later(key, percent, stage, finished, failed, error)
+        # An ``async def`` job must not block the worker's loop, and Django refuses sync database
+        # calls there. One thread, so writes keep their order.
+        with _offload_lock:
+            if _offload is None:
+                _offload = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbqueue-progress")
+        _offload.submit(set_progress, key, percent, stage, finished=finished, failed=failed, error=error)
+        return True
     row = JobProgress(
         key=key,
         percent=clamp(percent),

@@ -39,10 +39,8 @@ def _refusal(request: HttpRequest, key: str) -> tuple[int, str] | None:
 @require_GET
 def progress_view(request: HttpRequest, key: str) -> HttpResponse:
     """Return the progress of ``key`` (a job id or ``chain:<id>``) to a user with view_jobprogress or a token for it.
-
     Refusals come before the lookup, so a caller who may not see ``key`` cannot learn whether it
-    exists. The error text is served only with ``PROGRESS_SHOW_ERROR``, and then only its last line.
-    """
+    exists. The error text is served only with ``PROGRESS_SHOW_ERROR``, and then only its last line."""
     refusal = _refusal(request, key)
     if refusal is not None:
         return no_store(JsonResponse({"detail": refusal[1]}, status=refusal[0]))

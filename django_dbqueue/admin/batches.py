@@ -247,10 +247,7 @@ class JobBatchAdmin(ReadOnlyAdmin):
         if unfinished:
             message = ngettext("%d batch is not deleted: ", "%d batches are not deleted: ", unfinished)
             messages.error(request, message % unfinished + UNFINISHED_REFUSAL)
-        response: HttpResponse | None = None
-        if finished.exists():
-            response = admin_actions.delete_selected(self, request, finished)
-        return response
+        return admin_actions.delete_selected(self, request, finished) if finished.exists() else None
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
         # The filter runs again in the DELETE: a batch reopened by a retry meanwhile stays.

@@ -313,17 +313,6 @@ def age(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else duration(seconds)
 
 
-def _labels(window: Window, points: Sequence[Point]) -> tuple[list[str], list[tuple[int, str]]]:
-    """Each bar's tooltip label and the x axis ticks, in the current time zone."""
-    local = [timezone.localtime(point.start) for point in points]
-    if window.step < timedelta(minutes=5):
-        labels = [moment.strftime("%H:%M") for moment in local]
-        return labels, [(index, labels[index]) for index, moment in enumerate(local) if moment.minute % 10 == 0]
-    labels = [f"{moment:%a %H:%M}\N{EN DASH}{moment + window.step:%H:%M}" for moment in local]
-    ticks = [(i, f"{moment:%H:%M}") for i, moment in enumerate(local) if moment.minute == 0 and moment.hour % 3 == 0]
-    return labels, ticks
-
-
 @dataclasses.dataclass(frozen=True)
 class ChartPair:
     window: Window
@@ -340,7 +329,14 @@ def _layers(points: Sequence[Point], *names: str) -> list[Series]:
 
 def charts(window: Window, points: Sequence[Point], *, failures: bool = True) -> ChartPair:
     """The succeeded chart and, with ``failures``, the failures chart (failed and retried, stacked) of ``points``."""
-    labels, ticks = _labels(window, points)
+    # Each bar's tooltip label and the x axis ticks, in the current time zone.
+    local = [timezone.localtime(point.start) for point in points]
+    if window.step < timedelta(minutes=5):
+        labels = [moment.strftime("%H:%M") for moment in local]
+        ticks = [(index, labels[index]) for index, moment in enumerate(local) if moment.minute % 10 == 0]
+    else:
+        labels = [f"{moment:%a %H:%M}\N{EN DASH}{moment + window.step:%H:%M}" for moment in local]
+        ticks = [(i, f"{time:%H:%M}") for i, time in enumerate(local) if time.minute == 0 and time.hour % 3 == 0]
     unit = "minute" if window.step == timedelta(minutes=1) else f"{window.step.total_seconds() / 60:.0f} minutes"
     period = window.title.split(",")[0].lower()
     succeeded = bar_chart(labels, _layers(points, "succeeded"), title=f"Succeeded per {unit}, {period}", ticks=ticks)
