@@ -17,8 +17,9 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
 from django.urls import path
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
@@ -106,30 +107,12 @@ class JobBatchAdmin(ReadOnlyAdmin):
     @admin.display(description="progress")
     def progress(self, batch: JobBatch) -> str:
         """A bar of the batch's ended members (succeeded, failed, cancelled) and the percent ended."""
-
-        def width(count: int) -> str:
-            return f"{100.0 * count / batch.total:.2f}" if batch.total else "0"
-
+        ended = (batch.succeeded, batch.failed, batch.cancelled)
+        widths = [f"{100.0 * count / batch.total:.2f}" if batch.total else "0" for count in ended]
         # Rounded down: a batch shows 100% only once every member ended.
         percent = 100 if batch.pending == 0 else math.floor(batch.percent)
-        return format_html(
-            '<span class="dbqueue-batch-progress"'
-            ' style="display:inline-flex;align-items:center;gap:6px;white-space:nowrap">'
-            '<span role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}" title="{}"'
-            ' style="display:inline-flex;width:160px;height:12px;background:#e8e8e8;border-radius:3px;overflow:hidden">'
-            '<span class="succeeded" style="width:{}%;background:#417690"></span>'
-            '<span class="failed" style="width:{}%;background:#ba2121"></span>'
-            '<span class="cancelled" style="width:{}%;background:#999"></span></span>'
-            "<span>{}% ({}/{})</span></span>",
-            percent,
-            f"{batch.succeeded} succeeded, {batch.failed} failed, {batch.cancelled} cancelled, {batch.pending} pending",
-            width(batch.succeeded),
-            width(batch.failed),
-            width(batch.cancelled),
-            percent,
-            batch.done,
-            batch.total,
-        )
+        context = {"batch": batch, "percent": percent, "widths": widths}
+        return render_to_string("admin/django_dbqueue/jobbatch/progress.html", context)
 
     @admin.display(description="callbacks")
     def callbacks_summary(self, batch: JobBatch) -> str:

@@ -10,8 +10,8 @@ from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.utils import unquote
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
 from django.urls import path
-from django.utils.html import format_html
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
@@ -184,10 +184,5 @@ class JobProgressAdmin(ReadOnlyAdmin):
 
     @admin.display(description="percent")
     def bar(self, progress: JobProgress) -> str:
-        return format_html(
-            '<div style="width:160px;background:#eee;border-radius:3px" title="{}%">'
-            '<div style="width:{}%;background:{};height:12px;border-radius:3px"></div></div>',
-            f"{progress.percent:.0f}",
-            f"{progress.percent:.1f}",
-            "#ba2121" if progress.failed else "#417690",
-        )
+        context = {"progress": progress, "title": f"{progress.percent:.0f}", "width": f"{progress.percent:.1f}"}
+        return render_to_string("admin/django_dbqueue/jobprogress/bar.html", context)
