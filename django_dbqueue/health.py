@@ -61,14 +61,8 @@ class Report:
         return f"{self.status.word}: {'; '.join(worst)}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status.word,
-            "reason": self.reason,
-            "checks": [
-                {"check": finding.check, "status": finding.status.word, "reason": finding.reason}
-                for finding in self.findings
-            ],
-        }
+        checks = [dataclasses.asdict(finding) | {"status": finding.status.word} for finding in self.findings]
+        return {"status": self.status.word, "reason": self.reason, "checks": checks}
 
 
 @dataclasses.dataclass(frozen=True)
