@@ -1,22 +1,10 @@
 """Health checks for probes: ``queue_health`` (exit 0, 1 or 2) and ``health_view`` (JSON, 200 or 503).
 
-Three checks, in this order:
-
-- **database**: the queue's database (and ``READ_DATABASE``, if set) answers
-  ``SELECT 1``. If not, nothing else can be told: the status is *unknown*.
-- **workers**: at least N worker rows (one per ``queue_work`` process, or per
-  child of ``--concurrency``) of a host, or of any host, have beaten within
-  ``workers.dead_after()`` seconds (three ``WORKER_BEAT``), by the database's clock.
-- **queues**: no queue has more than ``max_depth`` waiting jobs (ready to run,
-  not claimed: delayed, blocked and reserved jobs are not counted), and none has
-  a waiting job older than ``max_age`` seconds. A paused queue is not judged:
-  its jobs wait because an operator said so.
-
-The status is the worst of the checks': healthy (0) < unhealthy (1) < unknown (2).
-
-A database error is named by its driver's first line on the command line, and by
-its class alone in the view: the driver's text names hosts, ports and users,
-which a token holder has no need to learn.
+The checks, in order: the queue's databases answer ``SELECT 1`` (else the status is *unknown*);
+enough live workers (of a host, or of any); no queue that is not paused holds more than
+``max_depth`` waiting jobs or one waiting longer than ``max_age``. The status is the worst of them.
+A database error is named by its driver's first line on the command line and by its class alone in
+the view: the driver's text names hosts, ports and users, which a token holder has no need to learn.
 """
 
 from __future__ import annotations
@@ -28,13 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
 from . import operations, workers
 from .db import alias
 from .management import options
-from .metrics import HEALTH_PERMISSIONS, refusal
+from .metrics import HEALTH_PERMISSIONS, no_store, refusal, refused
 from .models import QueueWorker
 
 
@@ -73,14 +61,8 @@ class Report:
         return f"{self.status.word}: {'; '.join(worst)}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status.word,
-            "reason": self.reason,
-            "checks": [
-                {"check": finding.check, "status": finding.status.word, "reason": finding.reason}
-                for finding in self.findings
-            ],
-        }
+        checks = [dataclasses.asdict(finding) | {"status": finding.status.word} for finding in self.findings]
+        return {"status": self.status.word, "reason": self.reason, "checks": checks}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,43 +109,23 @@ def check_workers(needed: int, host: str | None) -> Finding:
     live = rows.count()
     where = f"on host {host!r}" if host is not None else "on any host"
     found = f"{_jobs(live, 'live worker')} {where}"
-    if live >= needed:
-        return Finding("workers", Status.HEALTHY, found)
-    return Finding(
-        "workers",
-        Status.UNHEALTHY,
-        f"{found}, {needed} needed (a worker is live if it beat within {workers.dead_after():g} s)",
-    )
+    if live < needed:
+        found += f", {needed} needed (a worker is live if it beat within {workers.dead_after():g} s)"
+    return Finding("workers", Status.HEALTHY if live >= needed else Status.UNHEALTHY, found)
 
 
 def check_queues(max_depth: int | None, max_age: float | None, queues: Sequence[str] | None) -> list[Finding]:
     stats = operations.queue_overview_of(queues) if queues else operations.queue_overview()
-    findings = []
-    for item in stats:
-        if item.paused:
-            continue
+    reasons = []
+    for item in (item for item in stats if not item.paused):
         if max_depth is not None and item.waiting > max_depth:
-            findings.append(
-                Finding(
-                    "queues",
-                    Status.UNHEALTHY,
-                    f"queue {item.queue!r} has {_jobs(item.waiting, 'waiting job')} (max {max_depth})",
-                )
-            )
+            reasons.append(f"queue {item.queue!r} has {_jobs(item.waiting, 'waiting job')} (max {max_depth})")
         age = item.oldest_waiting_seconds
         if max_age is not None and age is not None and age > max_age:
-            findings.append(
-                Finding(
-                    "queues",
-                    Status.UNHEALTHY,
-                    f"queue {item.queue!r} has a job waiting for {age:.0f} s (max {max_age:g} s)",
-                )
-            )
-    if findings:
-        return findings
-    limits = []
-    if max_depth is not None:
-        limits.append(f"{_jobs(max_depth, 'waiting job')}")
+            reasons.append(f"queue {item.queue!r} has a job waiting for {age:.0f} s (max {max_age:g} s)")
+    if reasons:
+        return [Finding("queues", Status.UNHEALTHY, reason) for reason in reasons]
+    limits = [_jobs(max_depth, "waiting job")] if max_depth is not None else []
     if max_age is not None:
         limits.append(f"a wait of {max_age:g} s")
     return [Finding("queues", Status.HEALTHY, f"no queue over {' or '.join(limits)}")]
@@ -175,9 +137,7 @@ def _jobs(count: int, what: str) -> str:
 
 def probe(thresholds: Thresholds, *, details: bool = True) -> Report:
     """Run the checks ``thresholds`` ask for; the database's first, and nothing else if it cannot be read.
-
-    Without ``details`` a database error is named by its class, not by the driver's text.
-    """
+    Without ``details`` a database error is named by its class, not by the driver's text."""
     database = check_database(details=details)
     if database.status != Status.HEALTHY:
         return Report((database,))
@@ -193,15 +153,6 @@ def probe(thresholds: Thresholds, *, details: bool = True) -> Report:
             Finding("database", Status.UNKNOWN, f"the queue's tables cannot be read: {_error(exc, details)}")
         )
     return Report(tuple(findings))
-
-
-# -- the view -------------------------------------------------------------------
-
-
-def _json(data: dict[str, Any], status: int) -> JsonResponse:
-    response = JsonResponse(data, status=status)
-    response["Cache-Control"] = "no-store"
-    return response
 
 
 def thresholds_from(query: Any) -> Thresholds:
@@ -229,21 +180,15 @@ def thresholds_from(query: Any) -> Thresholds:
 
 
 @require_safe
-def health_view(request: HttpRequest) -> JsonResponse:
+def health_view(request: HttpRequest) -> HttpResponse:
     """Answer 200 with the checks when the queue is healthy, 503 when it is not or cannot be told.
-
-    Without ``?host=`` the workers of any host count: the web process that serves
-    this view is seldom where the workers run.
-    """
+    Without ``?host=`` the workers of any host count: the web process is seldom where they run."""
     reason = refusal(request, HEALTH_PERMISSIONS)
     if reason is not None:
-        response = _json({"detail": reason[1]}, status=reason[0])
-        if reason[0] == 401:
-            response["WWW-Authenticate"] = 'Bearer realm="dbqueue"'
-        return response
+        return refused(reason, json=True)
     try:
         thresholds = thresholds_from(request.GET)
     except argparse.ArgumentTypeError as exc:
-        return _json({"detail": str(exc)}, status=400)
+        return refused((400, str(exc)), json=True)
     report = probe(thresholds, details=False)
-    return _json(report.as_dict(), status=200 if report.status == Status.HEALTHY else 503)
+    return no_store(JsonResponse(report.as_dict(), status=200 if report.status == Status.HEALTHY else 503))

@@ -1,41 +1,24 @@
-"""Prometheus / OpenMetrics figures of the queue, served by ``metrics_view``
-(mount ``django_dbqueue.metrics_urls``; see docs/observability.md for the table).
+"""Prometheus / OpenMetrics figures of the queue, served by ``metrics_view`` (docs/observability.md).
 
-Gauges are read from the tables at each scrape: jobs per queue and state, the
-oldest waiting job's age, failed jobs, paused queues, live and dead workers and
-the jobs they run. Counters and the run-time histogram are the sums of the
-``JobHistory`` rows (history.py), so they count since the oldest row kept
-(``HISTORY_MAX_AGE``) and stop growing with ``DBQUEUE["HISTORY"] = False``.
-
-``prometheus_client`` is an optional extra (``pip install
-"django-dbqueue[prometheus]"``): without it the view answers 501. Each request
-builds its own ``CollectorRegistry`` with one collector over one read of the
-database; nothing is kept between scrapes, so every web process serves the same
-figures and none registers anything in ``prometheus_client.REGISTRY``.
-
-Who may read them: a user with ``PERMISSIONS`` (the figures count failed jobs,
-which the admin shows only with ``view_failedjob``), or a client that sends
-``DBQUEUE["METRICS_TOKEN"]`` (``Authorization: Bearer <token>``, or ``?token=``,
-which access logs keep). The health view (health.py) uses the same rule with
-``view_job`` alone: it counts no failures.
-
-Job names come from the history's rows, which any code (or raw SQL) may have
-written: at most ``MAX_NAMES`` of them get series of their own (the registered
-ones first), and the runs of the others are summed under ``OTHER_NAME``, so the
-series cannot grow without bound.
+Gauges are read from the tables at each scrape; counters and the run-time histogram are the sums of
+the ``JobHistory`` rows. Each request builds its own ``CollectorRegistry`` over one read, so every
+web process serves the same figures. Job names come from rows any code may have written: at most
+``MAX_NAMES`` get series of their own, the others' runs are summed under ``OTHER_NAME``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hmac
+import itertools
 import logging
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError
 from django.db.models import BooleanField, Case, Sum, Value, When
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
 from . import conf, history, operations, registry, workers
@@ -47,6 +30,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger("django_dbqueue")
+Response = TypeVar("Response", bound=HttpResponse)
 
 # The permissions that open the metrics view to a logged-in user, and the health view's.
 PERMISSIONS = ("django_dbqueue.view_job", "django_dbqueue.view_failedjob")
@@ -62,21 +46,18 @@ MISSING_PACKAGE = (
 )
 
 
-# -- who may read -------------------------------------------------------------
-
-
-def _text(body: str, status: int) -> HttpResponse:
-    response = HttpResponse(body, status=status, content_type="text/plain; charset=utf-8")
-    # The figures change every moment: no cache keeps a copy.
+def no_store(response: Response) -> Response:
+    """``response``, kept by no cache: the figures (and progress) change every moment and may be private."""
     response["Cache-Control"] = "no-store"
     return response
 
 
-def sent_token(request: HttpRequest) -> str | None:
-    """The token of an ``Authorization: Bearer`` header, else of ``?token=``; None if neither.
+def _text(body: str, status: int) -> HttpResponse:
+    return no_store(HttpResponse(body, status=status, content_type="text/plain; charset=utf-8"))
 
-    The header is the way to prefer: a query string is written to access logs.
-    """
+
+def sent_token(request: HttpRequest) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, else of ``?token=`` (which access logs keep)."""
     authorization = request.headers.get("Authorization", "")
     scheme, _, credentials = authorization.partition(" ")
     if scheme.lower() == "bearer" and credentials.strip():
@@ -85,13 +66,9 @@ def sent_token(request: HttpRequest) -> str | None:
 
 
 def refusal(request: HttpRequest, permissions: Sequence[str] = PERMISSIONS) -> tuple[int, str] | None:
-    """Return ``(status, reason)`` refusing ``request`` a monitoring view that a user with
-    ``permissions`` may see, or None if it may see it.
-
-    A token is checked before the session, so a scraper never needs a login; a
-    wrong token is refused even for a logged-in user, so a typo in a scrape
-    config shows at once instead of working only in a browser.
-    """
+    """Return ``(status, reason)`` refusing ``request`` a view for users with ``permissions``, or None.
+    A token is checked before the session: a wrong one is refused even for a logged-in user, so a
+    typo in a scrape config shows at once instead of working only in a browser."""
     token = sent_token(request)
     if token is not None:
         expected = conf.get("METRICS_TOKEN")
@@ -107,15 +84,13 @@ def refusal(request: HttpRequest, permissions: Sequence[str] = PERMISSIONS) -> t
     return 403, f"the {needed} permission{'s are' if len(permissions) > 1 else ' is'} required"
 
 
-def refused(reason: tuple[int, str]) -> HttpResponse:
+def refused(reason: tuple[int, str], *, json: bool = False) -> HttpResponse:
+    """The response of a ``refusal``: its reason as text, or as JSON's ``detail`` with ``json``."""
     status, detail = reason
-    response = _text(detail + "\n", status)
+    response = no_store(JsonResponse({"detail": detail}, status=status)) if json else _text(detail + "\n", status)
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="dbqueue"'
     return response
-
-
-# -- what is read -------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,100 +104,64 @@ class WorkerCounts:
 
 
 @dataclasses.dataclass(frozen=True)
-class HistoryTotals:
-    """The sums of every history row of one queue and job name."""
-
-    queue: str
-    name: str
-    started: int
-    succeeded: int
-    failed: int
-    retried: int
-    run_time: float
-    # Runs per run-time bin (``history.BINS``), not cumulative.
-    bins: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
 class Snapshot:
     """Everything one scrape shows, read in five queries."""
 
     queues: list[QueueStats]
     workers: WorkerCounts
-    history: list[HistoryTotals]
+    # The sums of every history row per (queue, job name), sorted.
+    history: dict[tuple[str, str], history.Totals]
 
 
 def read_workers(using: str) -> WorkerCounts:
     """Count the live and dead worker rows (dead: ``workers.dead_after()`` without a beat, by the database's clock)."""
-    rows = (
-        QueueWorker.objects.using(using)
-        .annotate(
-            dead=Case(When(workers.dead_rows(), then=Value(True)), default=Value(False), output_field=BooleanField())
-        )
-        .values_list("dead", "running", "queues")
-    )
-    live = dead = running = 0
+    dead = Case(When(workers.dead_rows(), then=Value(True)), default=Value(False), output_field=BooleanField())
+    rows = QueueWorker.objects.using(using).annotate(dead=dead).values_list("dead", "running", "queues")
+    live = dead_count = running = 0
     served: set[str] = set()
     for is_dead, worker_running, queues in rows:
         if is_dead:
-            dead += 1
+            dead_count += 1
             continue
         live += 1
         running += worker_running
         served.update(queue for queue in queues.split(",") if queue)
-    return WorkerCounts(live, dead, running, frozenset(served))
+    return WorkerCounts(live, dead_count, running, frozenset(served))
 
 
-def read_history(using: str) -> list[HistoryTotals]:
-    """Sum the history rows per queue and job name, in the database (one grouped query)."""
-    rows = (
-        JobHistory.objects.using(using)
-        .order_by()
-        .values("queue", "name")
-        .annotate(**{f"sum_{column}": Sum(column) for column in history.ADDED})
-        .order_by("queue", "name")
-    )
+def history_sums(
+    by: Sequence[str], columns: Sequence[str], *, since: datetime | None = None, queue: str | None = None
+) -> list[dict[str, Any]]:
+    """The sums of ``columns`` of the history rows (since ``since``, of ``queue``) grouped by ``by``."""
+    rows = JobHistory.objects.using(operations.read_alias())
+    if since is not None:
+        rows = rows.filter(bucket__gte=since)
+    if queue is not None:
+        rows = rows.filter(queue=queue)
+    grouped: Iterable[dict[str, Any]] = rows.order_by().values(*by).annotate(**{name: Sum(name) for name in columns})
+    # SUM gives a Decimal on some databases, and None for no row.
     return [
-        HistoryTotals(
-            row["queue"],
-            row["name"],
-            int(row["sum_started"] or 0),
-            int(row["sum_succeeded"] or 0),
-            int(row["sum_failed"] or 0),
-            int(row["sum_retried"] or 0),
-            float(row["sum_run_time"] or 0.0),
-            tuple(int(row[f"sum_{name}"] or 0) for name in history.BINS),
-        )
-        for row in rows
+        {**row, **{name: (float if name == "run_time" else int)(row[name] or 0) for name in columns}} for row in grouped
     ]
 
 
-def bounded_names(rows: list[HistoryTotals]) -> list[HistoryTotals]:
-    """Keep the rows of at most ``MAX_NAMES`` job names (registered names first, then by name; every
-    registered name even past the limit) and sum the others' per queue under ``OTHER_NAME``."""
-    limit = MAX_NAMES
-    names = sorted({row.name for row in rows}, key=lambda name: (registry.find(name) is None, name))
-    kept = {name for index, name in enumerate(names) if index < limit or registry.find(name) is not None}
-    if len(kept) == len(names):
-        return rows
-    others: dict[str, list[HistoryTotals]] = {}
+def totals_of(row: dict[str, Any]) -> history.Totals:
+    """The ``history.Totals`` of a row of ``history_sums`` over ``history.ADDED``."""
+    counts = {name: row[name] for name in (*history.COUNTS, "run_time")}
+    return history.Totals(**counts, bins=[row[name] for name in history.BINS])
+
+
+def read_history() -> dict[tuple[str, str], history.Totals]:
+    """The sums of every history row per queue and job name, past ``MAX_NAMES`` job names (registered
+    names first, then by name; every registered name even past the limit) summed under ``OTHER_NAME``."""
+    rows = history_sums(["queue", "name"], history.ADDED)
+    names = sorted({row["name"] for row in rows}, key=lambda name: (registry.find(name) is None, name))
+    kept = {name for index, name in enumerate(names) if index < MAX_NAMES or registry.find(name) is not None}
+    totals: dict[tuple[str, str], history.Totals] = {}
     for row in rows:
-        if row.name not in kept:
-            others.setdefault(row.queue, []).append(row)
-    folded = [
-        HistoryTotals(
-            queue,
-            OTHER_NAME,
-            sum(row.started for row in group),
-            sum(row.succeeded for row in group),
-            sum(row.failed for row in group),
-            sum(row.retried for row in group),
-            sum(row.run_time for row in group),
-            tuple(sum(column) for column in zip(*(row.bins for row in group), strict=True)),
-        )
-        for queue, group in others.items()
-    ]
-    return sorted([row for row in rows if row.name in kept] + folded, key=lambda row: (row.queue, row.name))
+        name = row["name"] if row["name"] in kept else OTHER_NAME
+        totals.setdefault((row["queue"], name), history.Totals()).add(totals_of(row))
+    return dict(sorted(totals.items()))
 
 
 def snapshot() -> Snapshot:
@@ -232,13 +171,9 @@ def snapshot() -> Snapshot:
     stats = {item.queue: item for item in operations.queue_overview()}
     # Queues a project declares or a live worker serves get a series of zeros, so
     # an alert on them sees 0, not a series that comes and goes with the jobs.
-    known = set(conf.get("QUEUES") or ()) | counts.served
-    for queue in known - set(stats):
+    for queue in (set(conf.get("QUEUES") or ()) | counts.served) - set(stats):
         stats[queue] = QueueStats(queue)
-    return Snapshot(sorted(stats.values(), key=lambda item: item.queue), counts, bounded_names(read_history(using)))
-
-
-# -- how it is shown ----------------------------------------------------------
+    return Snapshot(sorted(stats.values(), key=lambda item: item.queue), counts, read_history())
 
 
 class QueueCollector:
@@ -308,23 +243,18 @@ class QueueCollector:
             labels=labels,
             unit="seconds",
         )
-        for totals in figures.history:
-            key = [totals.queue, totals.name]
+        for key, totals in figures.history.items():
             for count, family in counters.items():
-                family.add_metric(key, getattr(totals, count))
-            run_time.add_metric(key, _buckets(totals.bins), totals.run_time)
+                family.add_metric(list(key), getattr(totals, count))
+            run_time.add_metric(list(key), _buckets(totals.bins), totals.run_time)
         yield from counters.values()
         yield run_time
 
 
-def _buckets(bins: tuple[int, ...]) -> list[tuple[str, float]]:
+def _buckets(bins: Sequence[int]) -> list[tuple[str, int]]:
     """Cumulative ``le`` buckets from the history's bins; the last bin is ``+Inf``."""
-    buckets: list[tuple[str, float]] = []
-    seen = 0
-    for bound, count in zip((*history.BOUNDS, float("inf")), bins, strict=True):
-        seen += count
-        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), seen))
-    return buckets
+    bounds = [*(repr(float(bound)) for bound in history.BOUNDS), "+Inf"]
+    return list(zip(bounds, itertools.accumulate(bins), strict=True))
 
 
 def render(figures: Snapshot, accept: str = "") -> tuple[bytes, str]:
@@ -360,6 +290,4 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         logger.warning("metrics not read: %s", error_text(exc))
         return _text(f"the queue's database cannot be read: {type(exc).__name__}\n", 503)
     body, content_type = render(figures, request.headers.get("Accept", ""))
-    response = HttpResponse(body, content_type=content_type)
-    response["Cache-Control"] = "no-store"
-    return response
+    return no_store(HttpResponse(body, content_type=content_type))

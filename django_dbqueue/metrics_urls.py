@@ -1,11 +1,7 @@
-"""The monitoring views; opt-in: mount with ``path("queue/", include("django_dbqueue.metrics_urls"))``.
+"""The monitoring views, opt-in: ``path("queue/", include("django_dbqueue.metrics_urls"))``.
 
-``metrics/`` serves the Prometheus / OpenMetrics figures (metrics.py, needs the
-``prometheus`` extra) and ``health/`` the health checks as JSON (health.py), to
-a client that sends ``DBQUEUE["METRICS_TOKEN"]`` (``Authorization: Bearer
-<token>``, or ``?token=``), or a user with the ``django_dbqueue.view_job``
-permission (and, for the metrics, which count failures, ``view_failedjob``).
-Reverse them as ``dbqueue_metrics:metrics`` and ``dbqueue_metrics:health``.
+``metrics/`` (metrics.py, needs the ``prometheus`` extra) and ``health/`` (health.py, JSON), reversed
+as ``dbqueue_metrics:metrics`` and ``dbqueue_metrics:health``; metrics.py says who may read them.
 """
 
 from django.urls import path

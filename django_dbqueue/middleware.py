@@ -1,10 +1,8 @@
 """Middleware: code wrapped around every run of a job, inside its timeout.
 
-A middleware is a callable ``middleware(context, call_next)``: ``context`` is the
-run's ``JobContext``, ``call_next()`` runs the rest of the stack and returns the
-job's result; what the middleware returns or raises is the run's. ``DBQUEUE
-["MIDDLEWARE"]`` wraps every job, outermost first; a job's own
-``@job(middleware=[...])`` runs inside those.
+A middleware is ``middleware(context, call_next)``: ``call_next()`` runs the rest of the stack and
+returns the job's result; what the middleware returns or raises is the run's. ``DBQUEUE["MIDDLEWARE"]``
+wraps every job, outermost first; a job's own ``@job(middleware=[...])`` runs inside those.
 """
 
 from __future__ import annotations
@@ -85,12 +83,9 @@ def run(stack: Sequence[Middleware], context: JobContext, call: Callable[[], Any
 
 
 def for_loop(stack: Sequence[Middleware]) -> tuple[Middleware, ...] | None:
-    """The async form of ``stack``, for an ``async def`` job run on the worker's event
-    loop; None if a middleware in it has none (the job then runs in a thread).
-
-    An ``async def`` middleware is its own async form; a sync one may name its
-    async twin in an ``async_form`` attribute (as ``log_context`` does).
-    """
+    """The async form of ``stack``, for an ``async def`` job on the worker's event loop; None if a
+    middleware in it has none (the job then runs in a thread). An ``async def`` middleware is its
+    own async form; a sync one may name its twin in an ``async_form`` attribute (as ``log_context``)."""
     forms = []
     for middleware in stack:
         form = middleware if inspect.iscoroutinefunction(middleware) else getattr(middleware, "async_form", None)
@@ -106,8 +101,6 @@ async def arun(stack: Sequence[Middleware], context: JobContext, call: Callable[
         call = functools.partial(middleware, context, call)
     return await call()
 
-
-# -- built-in middleware ---------------------------------------------------------
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("django_dbqueue_job", default=None)
 
@@ -134,11 +127,8 @@ log_context.async_form = _log_context_async  # type: ignore[attr-defined]
 
 
 class JobLogFilter(logging.Filter):
-    """Add ``job_id``, ``job_name`` and ``job_attempt`` to each log record (empty outside a job).
-
-    Needs ``log_context`` in ``DBQUEUE["MIDDLEWARE"]``; then any logger's
-    records written during a run can be traced to the job that wrote them.
-    """
+    """Add ``job_id``, ``job_name`` and ``job_attempt`` to each log record (empty outside a job);
+    needs ``log_context`` in ``DBQUEUE["MIDDLEWARE"]``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         context = _current.get()

@@ -12,7 +12,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
@@ -27,8 +27,6 @@ from .errors import clean
 from .models import JobBatch, JobProgress
 
 logger = logging.getLogger("django_dbqueue")
-
-
 _local = threading.local()
 _UPDATE_FIELDS = ("percent", "stage", "finished", "failed", "error", "updated_at")
 # Dedicated to progress tokens, so no other value signed with SECRET_KEY can pass for one.
@@ -48,9 +46,8 @@ _shared: _SharedWriter | None = None
 
 @contextmanager
 def share_writer() -> Iterator[None]:
-    """Make every thread write progress through one connection, one write at a time,
-    until the block ends: a worker running N jobs at once keeps one progress
-    connection, not N."""
+    """Make every thread write progress through one connection, one write at a time, until the block
+    ends: a worker running N jobs at once keeps one progress connection, not N."""
     global _shared
     _shared = _SharedWriter()
     try:
@@ -58,29 +55,21 @@ def share_writer() -> Iterator[None]:
     finally:
         shared, _shared = _shared, None
         if shared.wrapper is not None:
-            with shared.lock:
-                try:
-                    shared.wrapper.close()
-                except DatabaseError:
-                    pass
+            with shared.lock, suppress(DatabaseError):
+                shared.wrapper.close()
 
 
 def _writer() -> Any:
-    """This thread's own connection to the queue's database, outside Django's registry
-    (or the pool's shared one, see ``share_writer``).
-
-    Being outside ``connections``, it is in no transaction of the job's.
-    """
+    """This thread's own connection to the queue's database (or the pool's shared one, see
+    ``share_writer``): outside Django's ``connections``, so in no transaction of the job's."""
     if _shared is not None:
         if _shared.wrapper is None:
             _shared.wrapper = connections.create_connection(alias())
             _shared.wrapper.inc_thread_sharing()
         return _shared.wrapper
-    wrapper = getattr(_local, "wrapper", None)
-    if wrapper is None:
-        wrapper = connections.create_connection(alias())
-        _local.wrapper = wrapper
-    return wrapper
+    if getattr(_local, "wrapper", None) is None:
+        _local.wrapper = connections.create_connection(alias())
+    return _local.wrapper
 
 
 def close_writer() -> None:
@@ -89,10 +78,8 @@ def close_writer() -> None:
     wrapper = getattr(_local, "wrapper", None)
     _local.wrapper = None
     if wrapper is not None:
-        try:
+        with suppress(DatabaseError):
             wrapper.close()
-        except DatabaseError:
-            pass
 
 
 @contextmanager
@@ -115,32 +102,20 @@ _offload_lock = threading.Lock()
 _offload: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-def _in_event_loop() -> bool:
-    return asyncio._get_running_loop() is not None
-
-
-def _write_later(key: str, percent: float, stage: str, finished: bool, failed: bool, error: str) -> bool:
-    """Write from a thread of its own: an ``async def`` job on the worker's loop must not
-    block it, and Django refuses sync database calls there. One thread, so writes
-    keep their order (the last one wins)."""
-    global _offload
-    with _offload_lock:
-        if _offload is None:
-            _offload = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbqueue-progress")
-    _offload.submit(set_progress, key, percent, stage, finished=finished, failed=failed, error=error)
-    return True
-
-
 def set_progress(
     key: str, percent: float, stage: str = "", *, finished: bool = False, failed: bool = False, error: str = ""
 ) -> bool:
     """Store the progress of ``key``; return False (and log) if it could not be stored.
-
-    Called on a running event loop (an ``async def`` job), the write is handed to a
-    thread and True means it was queued.
-    """
-    if _in_event_loop():
-        return _write_later(key, percent, stage, finished, failed, error)
+    On a running event loop (an ``async def`` job) the write is handed to a thread: True means queued."""
+    global _offload
+    if asyncio._get_running_loop() is not None:
+        # An ``async def`` job must not block the worker's loop, and Django refuses sync database
+        # calls there. One thread, so writes keep their order.
+        with _offload_lock:
+            if _offload is None:
+                _offload = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbqueue-progress")
+        _offload.submit(set_progress, key, percent, stage, finished=finished, failed=failed, error=error)
+        return True
     row = JobProgress(
         key=key,
         percent=clamp(percent),
@@ -172,10 +147,8 @@ def set_progress(
         if shared is not None and shared.wrapper is not None:
             # Opened afresh by the next write.
             broken, shared.wrapper = shared.wrapper, None
-            try:
+            with suppress(DatabaseError):
                 broken.close()
-            except DatabaseError:
-                pass
         close_writer()
         return False
     finally:
@@ -187,25 +160,14 @@ def set_progress(
 
 
 def get_progress(key: str) -> dict[str, Any] | None:
-    """Return the progress stored under ``key`` as a dict, or None.
-
-    ``batch:<id>`` is a batch's: read from its counters, with ``total``, ``done``,
-    ``pending``, ``failed_members``, ``cancelled_members`` and ``state`` besides.
-    """
+    """Return the progress stored under ``key`` as a dict, or None. ``batch:<id>`` is a batch's, read from
+    its counters, with ``total``, ``done``, ``pending``, ``failed_members``, ``cancelled_members`` and ``state``."""
     if key.startswith("batch:"):
         return _batch_progress(key)
-    row = JobProgress.objects.filter(key=key).first()
-    if row is None:
-        return None
-    return {
-        "key": row.key,
-        "percent": row.percent,
-        "stage": row.stage,
-        "finished": row.finished,
-        "failed": row.failed,
-        "error": row.error,
-        "updated_at": row.updated_at.isoformat(),
-    }
+    row = JobProgress.objects.filter(key=key).values("key", *_UPDATE_FIELDS).first()
+    if row is not None:
+        row["updated_at"] = row["updated_at"].isoformat()
+    return row
 
 
 def _batch_progress(key: str) -> dict[str, Any] | None:
@@ -234,20 +196,14 @@ def _batch_progress(key: str) -> dict[str, Any] | None:
 
 
 def progress_token(key: str | int) -> str:
-    """Return a signed token that lets its bearer read the progress of ``key``, and of no other key.
-
-    ``key`` is a job id or ``chain:<id>``. The progress view accepts the token
-    for ``PROGRESS_TOKEN_MAX_AGE`` seconds; a project hands it only to the user
-    who enqueued the job.
-    """
+    """Return a signed token that lets its bearer read the progress of ``key`` (a job id or ``chain:<id>``),
+    and of no other key, for ``PROGRESS_TOKEN_MAX_AGE`` seconds; hand it only to the user who enqueued the job."""
     return signing.dumps(str(key), salt=TOKEN_SALT)
 
 
 def key_from_token(token: str) -> str:
-    """Return the key a progress token names; raise ``signing.BadSignature`` if it is forged or expired.
-
-    An expired token raises ``signing.SignatureExpired``, a subclass of ``BadSignature``.
-    """
+    """Return the key a progress token names; raise ``signing.BadSignature`` if it is forged, or its
+    subclass ``signing.SignatureExpired`` if it expired."""
     key = signing.loads(token, salt=TOKEN_SALT, max_age=conf.get("PROGRESS_TOKEN_MAX_AGE"))
     if not isinstance(key, str):
         raise signing.BadSignature("a progress token names a key")

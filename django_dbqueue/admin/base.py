@@ -88,6 +88,5 @@ def permission(*codenames: str) -> Callable[[Any, HttpRequest], bool]:
 
 
 class GoneError(Exception):
-    """A row chosen for deletion changed before the DELETE ran (a job was reserved, a batch reopened).
-
-    Raised inside the delete view's transaction, so its log entry is rolled back."""
+    """A row chosen for deletion changed before the DELETE ran (a job was reserved, a batch reopened);
+    raised inside the delete view's transaction, so its log entry is rolled back."""

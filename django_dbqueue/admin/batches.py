@@ -1,15 +1,14 @@
 """The batches' page: counts, state and progress; cancel a batch, retry its failed members.
 
-A batch row is written only by batches.py (its counters move with its members'
-outcomes), so the page is read-only. A finished batch may be deleted, as
-``batches.prune`` deletes it; a batch that has not finished may not: its
-members would end without a batch to count them.
+Batch rows are written only by batches.py, so the page is read-only. Only a finished batch may be
+deleted (as ``batches.prune`` does): an unfinished one's members would end without a batch to count them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -18,8 +17,9 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
 from django.urls import path
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
@@ -28,24 +28,20 @@ from .. import batches, operations
 from ..models import FailedJob, Job, JobBatch
 from .base import GoneError, ReadOnlyAdmin, StateFilter, permission
 
-# Failed members listed on a batch's page, each linked to its failed job; the
-# failed job list (filtered by batch) shows them all.
+# Failed members listed on a batch's page; the failed job list (filtered by batch) shows them all.
 FAILED_MEMBERS_SHOWN = 20
-
-# Failed members retried per transaction (``operations.retry_failed``): a batch of a
-# million failed members is retried in bounded memory and short locks.
+# Failed members retried per transaction: bounded memory and short locks.
 RETRY_CHUNK = operations.RETRY_CHUNK
-
 CANCELLED_REFUSAL = (
     "it was cancelled, so its failed members are not retried into it. Retry them from the failed job "
     "list: there they run on their own, outside any batch."
 )
-
 UNFINISHED_REFUSAL = (
     "it has not finished: its members would end without a batch to count them. Cancel it, "
     "and delete it once its running members have ended."
 )
-
+Check = Callable[[HttpRequest], bool]
+Press = Callable[[HttpRequest, int], None]
 RUNNING = Q(cancelled_at__isnull=True, finished_at__isnull=True)
 FINISHED = Q(cancelled_at__isnull=True, finished_at__isnull=False)
 CANCELLED = Q(cancelled_at__isnull=False)
@@ -111,30 +107,12 @@ class JobBatchAdmin(ReadOnlyAdmin):
     @admin.display(description="progress")
     def progress(self, batch: JobBatch) -> str:
         """A bar of the batch's ended members (succeeded, failed, cancelled) and the percent ended."""
-
-        def width(count: int) -> str:
-            return f"{100.0 * count / batch.total:.2f}" if batch.total else "0"
-
+        ended = (batch.succeeded, batch.failed, batch.cancelled)
+        widths = [f"{100.0 * count / batch.total:.2f}" if batch.total else "0" for count in ended]
         # Rounded down: a batch shows 100% only once every member ended.
         percent = 100 if batch.pending == 0 else math.floor(batch.percent)
-        return format_html(
-            '<span class="dbqueue-batch-progress"'
-            ' style="display:inline-flex;align-items:center;gap:6px;white-space:nowrap">'
-            '<span role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow="{}" title="{}"'
-            ' style="display:inline-flex;width:160px;height:12px;background:#e8e8e8;border-radius:3px;overflow:hidden">'
-            '<span class="succeeded" style="width:{}%;background:#417690"></span>'
-            '<span class="failed" style="width:{}%;background:#ba2121"></span>'
-            '<span class="cancelled" style="width:{}%;background:#999"></span></span>'
-            "<span>{}% ({}/{})</span></span>",
-            percent,
-            f"{batch.succeeded} succeeded, {batch.failed} failed, {batch.cancelled} cancelled, {batch.pending} pending",
-            width(batch.succeeded),
-            width(batch.failed),
-            width(batch.cancelled),
-            percent,
-            batch.done,
-            batch.total,
-        )
+        context = {"batch": batch, "percent": percent, "widths": widths}
+        return render_to_string("admin/django_dbqueue/jobbatch/progress.html", context)
 
     @admin.display(description="callbacks")
     def callbacks_summary(self, batch: JobBatch) -> str:
@@ -151,8 +129,6 @@ class JobBatchAdmin(ReadOnlyAdmin):
             if steps.get(kind)
         ]
         return format_html_join("", "<div><b>{}</b>: {}</div>", rows) if rows else "-"
-
-    # -- cancel and retry --------------------------------------------------------------
 
     has_cancel_permission = permission("cancel_batch")
 
@@ -199,11 +175,23 @@ class JobBatchAdmin(ReadOnlyAdmin):
         if cancelled:
             messages.warning(request, f"Not retried: batch {', '.join(map(str, cancelled))}: {CANCELLED_REFUSAL}")
 
-    def cancel_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        if not self.has_cancel_permission(request):
+    def _button_view(self, request: HttpRequest, pk: int, allowed: Check, press: Press) -> HttpResponse:
+        """A button of a batch's page: refused without permission; ``press`` runs if the batch still exists."""
+        if not allowed(request):
             raise PermissionDenied
         if not JobBatch.objects.filter(pk=pk).exists():
-            return self._gone(request, pk)
+            messages.warning(request, f"Batch {pk} no longer exists.")
+            return self.redirect("jobbatch_changelist")
+        press(request, pk)
+        return self.redirect("jobbatch_change", pk)
+
+    def cancel_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return self._button_view(request, pk, self.has_cancel_permission, self._cancel)
+
+    def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return self._button_view(request, pk, self.has_retry_permission, self._retry)
+
+    def _cancel(self, request: HttpRequest, pk: int) -> None:
         if JobBatch.objects.filter(RUNNING, pk=pk).exists():
             deleted = batches.cancel(pk)
             message = ngettext(
@@ -214,13 +202,8 @@ class JobBatchAdmin(ReadOnlyAdmin):
             messages.success(request, message % {"pk": pk, "count": deleted})
         else:
             messages.warning(request, f"Batch {pk} was cancelled or finished already.")
-        return self.redirect("jobbatch_change", pk)
 
-    def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        if not self.has_retry_permission(request):
-            raise PermissionDenied
-        if not JobBatch.objects.filter(pk=pk).exists():
-            return self._gone(request, pk)
+    def _retry(self, request: HttpRequest, pk: int) -> None:
         count = retry_members(pk)
         if count is None:
             messages.warning(request, f"Batch {pk} was not retried: {CANCELLED_REFUSAL}")
@@ -233,13 +216,6 @@ class JobBatchAdmin(ReadOnlyAdmin):
             messages.success(request, message % {"count": count, "pk": pk})
         else:
             messages.warning(request, f"Batch {pk} has no failed members to retry.")
-        return self.redirect("jobbatch_change", pk)
-
-    def _gone(self, request: HttpRequest, pk: int) -> HttpResponse:
-        messages.warning(request, f"Batch {pk} no longer exists.")
-        return self.redirect("jobbatch_changelist")
-
-    # -- delete: only a finished batch (see the module's docstring) -----------------------
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None and obj.finished_at is None:
@@ -254,10 +230,7 @@ class JobBatchAdmin(ReadOnlyAdmin):
         if unfinished:
             message = ngettext("%d batch is not deleted: ", "%d batches are not deleted: ", unfinished)
             messages.error(request, message % unfinished + UNFINISHED_REFUSAL)
-        response: HttpResponse | None = None
-        if finished.exists():
-            response = admin_actions.delete_selected(self, request, finished)
-        return response
+        return admin_actions.delete_selected(self, request, finished) if finished.exists() else None
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[JobBatch]) -> None:
         # The filter runs again in the DELETE: a batch reopened by a retry meanwhile stays.
@@ -273,8 +246,6 @@ class JobBatchAdmin(ReadOnlyAdmin):
         except GoneError:
             messages.error(request, f"Batch {object_id} was not deleted: {UNFINISHED_REFUSAL}")
             return self.redirect("jobbatch_change", unquote(object_id))
-
-    # -- the change page: the batch's members ----------------------------------------------
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None

@@ -1,9 +1,5 @@
-"""Bar charts as inline SVG, drawn on the server: no JavaScript, nothing fetched.
-
-Colours are CSS classes (``dbq-<name>``) that the page styles with the admin's
-variables (``var(--link-fg)``, ``var(--error-fg)`` ...), so one chart reads in
-the admin's light and dark themes alike.
-"""
+"""Bar charts as inline SVG, drawn on the server: no JavaScript, nothing fetched. Colours are CSS
+classes (``dbq-<name>``) styled with the admin's variables, so a chart reads in its light and dark themes."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""The queue pages of the admin: the overview (per queue the counts a user may see, Pause and
-Resume) and the dashboard (throughput and failures as charts, queue depth, run times per job
-name, the workers table and the paused queues).
+"""The queue pages of the admin: the overview (each queue's counts a user may see, Pause and Resume)
+and the dashboard (throughput and failures as charts, queue depth, run times per job name, workers).
 
-The figures come from the tables the workers keep (``JobHistory``, written with
-the heartbeat, see history.py; ``QueueWorker``, see workers.py) and from the
-queue counts of the overview (``operations.queue_overview``), read on
-``operations.read_alias()`` in a handful of grouped queries, whatever the
-number of jobs. ``gather`` returns the dashboard's; the view only draws them.
-
-History buckets are minutes of the workers' clocks, so the charts' windows are
-read on this process's clock (hosts are expected to run NTP); a worker's age
-is read on the database's clock, as ``workers.dead_rows`` reads it.
+The figures come from ``JobHistory`` and ``QueueWorker`` on ``operations.read_alias()``, in a handful
+of grouped queries. History buckets are minutes of the workers' clocks, so the charts' windows are
+read on this process's clock; a worker's age is read on the database's, as ``workers.dead_rows``.
 """
 
 from __future__ import annotations
@@ -23,19 +16,23 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from .. import history, pauses, workers
 from ..db import DbNow
-from ..models import FailedJob, JobHistory, QueueWorker
+from ..metrics import history_sums, totals_of
+from ..models import FailedJob, QueueWorker
 from ..operations import QueueStats, queue_overview, read_alias
 from .base import ReadOnlyAdmin
 from .charts import Series, bar_chart, sparkline
 
 View = Callable[[HttpRequest], HttpResponse]
+# Written where there is no figure.
+NOTHING = "\N{EN DASH}"
+_COUNTS = ("succeeded", "failed", "retried")
+_QUEUE_COUNTS = ("waiting", "delayed", "reserved", "failed", "blocked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +47,10 @@ class Window:
     def starts(self, now: datetime) -> list[datetime]:
         """The start of each bar, oldest first, aligned on ``step`` (UTC)."""
         step = self.step.total_seconds()
-        stamp = now.timestamp()
-        last = stamp - stamp % step
+        last = now.timestamp() - now.timestamp() % step
         count = int(self.span / self.step)
         return [datetime.fromtimestamp(last - (count - 1 - index) * step, tz=UTC) for index in range(count)]
 
-
-# Written where there is no figure.
-NOTHING = "\N{EN DASH}"
-
-_COUNTS = ("succeeded", "failed", "retried")
-_QUEUE_COUNTS = ("waiting", "delayed", "reserved", "failed", "blocked")
 
 HOUR = Window("hour", "Last hour, per minute", timedelta(hours=1), timedelta(minutes=1))
 DAY = Window("day", "Last 24 hours, per 10 minutes", timedelta(days=1), timedelta(minutes=10))
@@ -113,9 +103,16 @@ class RunTimes:
 
     @classmethod
     def of(cls, totals: history.Totals) -> RunTimes:
+        def percentile(q: float) -> float | None:
+            value = totals.percentile(q)
+            # ``percentile`` gives the last bound for the runs longer than it, too.
+            if value == history.BOUNDS[-1] and sum(totals.bins[:-1]) < q * sum(totals.bins):
+                return math.inf
+            return value
+
         runs = totals.ended
         mean = totals.run_time / runs if runs else None
-        return cls(runs, totals.failed + totals.retried, _percentile(totals, 0.5), _percentile(totals, 0.95), mean)
+        return cls(runs, totals.failed + totals.retried, percentile(0.5), percentile(0.95), mean)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,26 +201,6 @@ class Dashboard:
 # -- gathering -----------------------------------------------------------------
 
 
-def _percentile(totals: history.Totals, q: float) -> float | None:
-    value = totals.percentile(q)
-    # ``percentile`` gives the last bound for the runs longer than it, too.
-    if value == history.BOUNDS[-1] and sum(totals.bins[:-1]) < q * sum(totals.bins):
-        return math.inf
-    return value
-
-
-def _history(since: datetime, queue: str | None, by: Sequence[str], sums: Sequence[str]) -> list[dict[str, Any]]:
-    """The sums of the columns ``sums`` of the history rows since ``since``, grouped by the columns ``by``."""
-    rows = JobHistory.objects.using(read_alias()).filter(bucket__gte=since)
-    if queue is not None:
-        rows = rows.filter(queue=queue)
-    grouped: Iterable[dict[str, Any]] = rows.order_by().values(*by).annotate(**{name: Sum(name) for name in sums})
-    # SUM gives a Decimal on some databases, and None for no row.
-    return [
-        {**row, **{name: (float if name == "run_time" else int)(row[name] or 0) for name in sums}} for row in grouped
-    ]
-
-
 def _binned(starts: Sequence[datetime], step: timedelta, rows: Iterable[dict[str, Any]]) -> list[Point]:
     """Add the minute rows to the bar they fall in; a minute after the last bar (a clock ahead) counts in it."""
     counts = [[0, 0, 0] for _ in starts]
@@ -237,21 +214,11 @@ def _binned(starts: Sequence[datetime], step: timedelta, rows: Iterable[dict[str
 def series(window: Window, now: datetime, *, queue: str | None = None) -> list[Point]:
     """Runs that ended per bar of ``window`` up to ``now``, of ``queue`` or of all queues."""
     starts = window.starts(now)
-    return _binned(starts, window.step, _history(starts[0], queue, ["bucket"], _COUNTS))
+    return _binned(starts, window.step, history_sums(["bucket"], _COUNTS, since=starts[0], queue=queue))
 
 
 def _totals_by_name(since: datetime, queue: str | None) -> dict[str, history.Totals]:
-    return {
-        row["name"]: history.Totals(
-            started=row["started"],
-            succeeded=row["succeeded"],
-            failed=row["failed"],
-            retried=row["retried"],
-            run_time=row["run_time"],
-            bins=[row[name] for name in history.BINS],
-        )
-        for row in _history(since, queue, ["name"], history.ADDED)
-    }
+    return {row["name"]: totals_of(row) for row in history_sums(["name"], history.ADDED, since=since, queue=queue)}
 
 
 def run_times(now: datetime, *, queue: str | None = None) -> list[NameRunTimes]:
@@ -284,12 +251,12 @@ def queue_rows(now: datetime, live: Iterable[WorkerRow] = ()) -> list[QueueRow]:
     stats = {item.queue: item for item in queue_overview()}
     starts = HOUR.starts(now)
     minutes: dict[str, list[dict[str, Any]]] = {}
-    for row in _history(starts[0], None, ["queue", "bucket"], _COUNTS):
+    for row in history_sums(["queue", "bucket"], _COUNTS, since=starts[0]):
         minutes.setdefault(row["queue"], []).append(row)
     since = now - DAY.span
     day = {
         row["queue"]: Point(since, *(row[name] for name in _COUNTS))
-        for row in _history(since, None, ["queue"], _COUNTS)
+        for row in history_sums(["queue"], _COUNTS, since=since)
     }
     served = {queue for row in live if not row.dead for queue in row.worker.queue_list}
     return [
@@ -343,25 +310,7 @@ def age(seconds: float | None) -> str:
         return NOTHING
     if seconds < 1:
         return "< 1 s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return duration(seconds)
-
-
-def _labels(window: Window, points: Sequence[Point]) -> tuple[list[str], list[tuple[int, str]]]:
-    """Each bar's tooltip label and the x axis ticks, in the current time zone."""
-    local = [timezone.localtime(point.start) for point in points]
-    if window.step < timedelta(minutes=5):
-        labels = [moment.strftime("%H:%M") for moment in local]
-        ticks = [(index, labels[index]) for index, moment in enumerate(local) if moment.minute % 10 == 0]
-    else:
-        labels = [f"{moment:%a %H:%M}\N{EN DASH}{moment + window.step:%H:%M}" for moment in local]
-        ticks = [
-            (index, f"{moment:%H:%M}")
-            for index, moment in enumerate(local)
-            if moment.minute == 0 and moment.hour % 3 == 0
-        ]
-    return labels, ticks
+    return f"{seconds:.0f} s" if seconds < 120 else duration(seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,40 +322,34 @@ class ChartPair:
     total: Point
 
 
-def _succeeded(points: Sequence[Point]) -> list[Series]:
-    return [Series("succeeded", "ok", [point.succeeded for point in points])]
-
-
-def _failures(points: Sequence[Point]) -> list[Series]:
-    return [
-        Series("failed", "failed", [point.failed for point in points]),
-        Series("retried", "retried", [point.retried for point in points]),
-    ]
+def _layers(points: Sequence[Point], *names: str) -> list[Series]:
+    """A chart layer per count ``names``; the successes are drawn with the class ``ok``."""
+    return [Series(name, "ok" if name == "succeeded" else name, [getattr(p, name) for p in points]) for name in names]
 
 
 def charts(window: Window, points: Sequence[Point], *, failures: bool = True) -> ChartPair:
     """The succeeded chart and, with ``failures``, the failures chart (failed and retried, stacked) of ``points``."""
-    labels, ticks = _labels(window, points)
+    # Each bar's tooltip label and the x axis ticks, in the current time zone.
+    local = [timezone.localtime(point.start) for point in points]
+    if window.step < timedelta(minutes=5):
+        labels = [moment.strftime("%H:%M") for moment in local]
+        ticks = [(index, labels[index]) for index, moment in enumerate(local) if moment.minute % 10 == 0]
+    else:
+        labels = [f"{moment:%a %H:%M}\N{EN DASH}{moment + window.step:%H:%M}" for moment in local]
+        ticks = [(i, f"{time:%H:%M}") for i, time in enumerate(local) if time.minute == 0 and time.hour % 3 == 0]
     unit = "minute" if window.step == timedelta(minutes=1) else f"{window.step.total_seconds() / 60:.0f} minutes"
     period = window.title.split(",")[0].lower()
-    succeeded = bar_chart(labels, _succeeded(points), title=f"Succeeded per {unit}, {period}", ticks=ticks)
+    succeeded = bar_chart(labels, _layers(points, "succeeded"), title=f"Succeeded per {unit}, {period}", ticks=ticks)
     failed = None
     if failures:
         title = f"Failed and retried per {unit}, {period}"
-        failed = bar_chart(labels, _failures(points), title=title, ticks=ticks, empty="No failures")
+        failed = bar_chart(labels, _layers(points, "failed", "retried"), title=title, ticks=ticks, empty="No failures")
     return ChartPair(window, succeeded, failed, sum_points(points))
 
 
-def spark(points: Sequence[Point], queue: str, *, failures: bool = True) -> SafeString:
-    """The queue's last hour; its failed and retried runs stacked on the successes only with ``failures``."""
-    layers = _succeeded(points) + (_failures(points) if failures else [])
-    return sparkline(layers, title=f"Queue {queue}, last hour per minute")
-
-
 def view_for(model_admin: ReadOnlyAdmin) -> View:
-    """The dashboard view of the job admin ``model_admin``: for users who may view jobs
-    (as the overview's job counts); every count of failures (failed jobs kept, runs that
-    failed or were retried, and what adds up to them) only with view_failedjob, as on the overview."""
+    """The dashboard view of the job admin ``model_admin``: for users who may view jobs (as the
+    overview's job counts); every count of failures only with view_failedjob, as on the overview."""
 
     def dashboard_view(request: HttpRequest) -> HttpResponse:
         if not model_admin.has_view_permission(request):
@@ -414,6 +357,8 @@ def view_for(model_admin: ReadOnlyAdmin) -> View:
         show_failed = model_admin.may_view(request, FailedJob)
         queue = request.GET.get("queue") or None
         data = gather(queue=queue)
+        # A queue's sparkline stacks its failed and retried runs on the successes only with show_failed.
+        layers = ("succeeded", "failed", "retried") if show_failed else ("succeeded",)
         return model_admin.page(
             request,
             "dashboard",
@@ -421,7 +366,10 @@ def view_for(model_admin: ReadOnlyAdmin) -> View:
             data=data,
             stats=data.stats,
             charts=[charts(HOUR, data.hour, failures=show_failed), charts(DAY, data.day, failures=show_failed)],
-            queues=[(row, spark(row.hour, row.stats.queue, failures=show_failed)) for row in data.queues],
+            queues=[
+                (row, sparkline(_layers(row.hour, *layers), title=f"Queue {row.stats.queue}, last hour per minute"))
+                for row in data.queues
+            ],
             queue_names=[row.stats.queue for row in data.queues],
             show_failed=show_failed,
             history_on=history.enabled(),

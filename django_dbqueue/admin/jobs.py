@@ -10,8 +10,8 @@ from django.contrib.admin import actions as admin_actions
 from django.contrib.admin.utils import unquote
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
 from django.urls import path
-from django.utils.html import format_html
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
@@ -83,7 +83,7 @@ class JobAdmin(ReadOnlyAdmin):
     def pretty_payload(self, job: Job) -> str:
         return pretty_payload(job.payload)
 
-    # -- delete: never a reserved job, whose worker would run on and its outcome be lost --------
+    # Delete: never a reserved job, whose worker would run on and its outcome be lost.
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None and obj.reserved_at is not None:
@@ -96,10 +96,7 @@ class JobAdmin(ReadOnlyAdmin):
         if not request.POST.get("post"):
             self._refuse_reserved(request, queryset.reserved().count())
             unreserved = queryset.filter(reserved_at__isnull=True)
-            response: HttpResponse | None = None
-            if unreserved.exists():
-                response = admin_actions.delete_selected(self, request, unreserved)
-            return response
+            return admin_actions.delete_selected(self, request, unreserved) if unreserved.exists() else None
         ids = list(queryset.values_list("pk", flat=True))
         deleted = delete_unreserved(ids)
         if deleted:
@@ -138,8 +135,6 @@ class JobAdmin(ReadOnlyAdmin):
                 assert job is not None
         messages.error(request, f"Job {job.pk} was not deleted: {RESERVED_REFUSAL}")
         return self.redirect("job_change", job.pk)
-
-    # -- state changes --------------------------------------------------------------------
 
     has_run_permission = permission("change_job")
     has_cancel_permission = permission("cancel_job")
@@ -189,10 +184,5 @@ class JobProgressAdmin(ReadOnlyAdmin):
 
     @admin.display(description="percent")
     def bar(self, progress: JobProgress) -> str:
-        return format_html(
-            '<div style="width:160px;background:#eee;border-radius:3px" title="{}%">'
-            '<div style="width:{}%;background:{};height:12px;border-radius:3px"></div></div>',
-            f"{progress.percent:.0f}",
-            f"{progress.percent:.1f}",
-            "#ba2121" if progress.failed else "#417690",
-        )
+        context = {"progress": progress, "title": f"{progress.percent:.0f}", "width": f"{progress.percent:.1f}"}
+        return render_to_string("admin/django_dbqueue/jobprogress/bar.html", context)
