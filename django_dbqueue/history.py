@@ -1,16 +1,7 @@
-"""Throughput history: how many jobs started, succeeded, failed and were retried,
-per minute, queue and job name, with their run times.
-
-A worker counts in memory (``Recorder``, a dict update per job) and its
-heartbeat thread adds the counts to the ``JobHistory`` rows every
-``workers.beat_seconds()`` with one upsert per beat, whatever the number of
-jobs: the job path writes nothing. Counts not yet written when a worker is
-killed (``kill -9``) are lost: at most one beat's worth. A clean stop writes
-them. ``DBQUEUE["HISTORY"] = False`` turns it off; rows older than
-``DBQUEUE["HISTORY_MAX_AGE"]`` hours are pruned by idle workers.
-
-Buckets are minutes of the worker's clock (hosts are expected to run NTP): a
-worker on a host whose clock is a minute off files its counts a minute off.
+"""Throughput history: jobs started, succeeded, failed and retried per minute, queue and name,
+with run times. A worker counts in memory (``Recorder``) and its heartbeat adds the counts to
+the ``JobHistory`` rows with one upsert per beat (a ``kill -9`` loses one beat's worth). Buckets
+are minutes of the worker's clock; ``DBQUEUE["HISTORY"] = False`` turns it off.
 """
 
 from __future__ import annotations
@@ -76,13 +67,11 @@ def enabled() -> bool:
 
 
 class Recorder:
-    """A worker's counts since its last flush. ``started`` and ``ended`` are called
-    by the worker (any thread), ``flush`` by its heartbeat thread."""
+    """A worker's counts since its last flush (any thread counts; the heartbeat flushes)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Keyed by the minute's number (seconds since the epoch // 60): made a
-        # datetime at the flush, not once per job.
+        # Keyed by the minute's number: made a datetime at the flush, not per job.
         self._tallies: dict[tuple[int, str, str], Tally] = {}
         self.on = enabled()
 
@@ -119,10 +108,7 @@ class Recorder:
             return bool(self._tallies)
 
     def flush(self, using: str | None = None) -> int:
-        """Add the counts to the history rows; return how many rows were written.
-
-        On a database error the counts are kept for the next flush, and the error raised.
-        """
+        """Add the counts to the rows; return how many. On an error they are kept, and it raised."""
         with self._lock:
             counted, self._tallies = self._tallies, {}
         if not counted:
@@ -171,9 +157,7 @@ def add(tallies: dict[Key, Tally], using: str | None = None) -> None:
         cursor.execute(sql, params)
 
 
-# The bucket that holds the sums of pruned rows, per queue and name: the totals
-# never go down (Prometheus counters read from them must not), and no window of
-# the dashboard reaches back to it.
+# The bucket of pruned rows' sums per queue and name: the totals (Prometheus counters) never go down.
 EVER = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -217,8 +201,7 @@ class Totals(Tally):
         return self.succeeded + self.failed + self.retried
 
     def percentile(self, q: float) -> float | None:
-        """The run time below which ``q`` (0..1) of the runs ended, read from the
-        buckets (the bucket's upper bound; ``BOUNDS[-1]`` for the last); None without runs."""
+        """The run time (a bucket's upper bound) below which ``q`` (0..1) of the runs ended; None without runs."""
         total = sum(self.bins)
         if not total:
             return None
