@@ -7,6 +7,7 @@ are minutes of the worker's clock; ``DBQUEUE["HISTORY"] = False`` turns it off.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import threading
 import time
@@ -45,6 +46,12 @@ class Tally:
 
     def values(self) -> list[Any]:
         return [self.started, self.succeeded, self.failed, self.retried, self.run_time, *self.bins]
+
+    @classmethod
+    def of(cls, value: Any) -> Tally:
+        """A tally of the counts ``value(column)`` reads (a row's)."""
+        started, succeeded, failed, retried = (value(name) for name in COUNTS)
+        return cls(started, succeeded, failed, retried, value("run_time"), [value(name) for name in BINS])
 
     def add(self, other: Tally) -> None:
         self.started += other.started
@@ -174,17 +181,7 @@ def prune(hours: float) -> int:
             return 0
         old = JobHistory.objects.using(using).filter(bucket__lte=newest, bucket__gt=EVER)
         sums = old.values("queue", "name").order_by().annotate(**{name: Sum(name) for name in ADDED})
-        folded = {
-            (EVER, row["queue"], row["name"]): Tally(
-                row["started"],
-                row["succeeded"],
-                row["failed"],
-                row["retried"],
-                row["run_time"],
-                [row[name] for name in BINS],
-            )
-            for row in sums
-        }
+        folded = {(EVER, row["queue"], row["name"]): Tally.of(row.__getitem__) for row in sums}
         deleted, _ = old.delete()
         add(folded, using)
     return deleted
@@ -226,13 +223,5 @@ def totals(rows: Iterable[JobHistory], by: str | None = None) -> dict[Any, Total
     result: dict[Any, Totals] = {}
     for row in rows:
         key = getattr(row, by) if by else None
-        total = result.get(key)
-        if total is None:
-            total = result[key] = Totals()
-        total.started += row.started
-        total.succeeded += row.succeeded
-        total.failed += row.failed
-        total.retried += row.retried
-        total.run_time += row.run_time
-        total.bins = [a + getattr(row, name) for a, name in zip(total.bins, BINS, strict=True)]
+        result.setdefault(key, Totals()).add(Tally.of(functools.partial(getattr, row)))
     return result
