@@ -78,10 +78,25 @@ class Timer(Protocol):
     def limit(self, prepared: Prepared, seconds: int | None) -> AbstractContextManager[None]: ...
 
 
+def timeout_error(seconds: int | None) -> JobTimeout:
+    return JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+
+
+def past_timeout(job: Job, seconds: int | None, grace: float) -> JobTimeout:
+    """Log that ``job`` ran past its timeout and is asked to stop; the reason it is asked with."""
+    logger.warning(
+        "job=%s id=%s ran past its timeout of %ss: asked to stop; its process ends in %ss unless it does",
+        job.name,
+        job.pk,
+        seconds,
+        grace,
+    )
+    return timeout_error(seconds)
+
+
 @contextmanager
 def ends_as_asked(asked: Callable[[], BaseException | None]) -> Iterator[None]:
-    """A job that stopped itself (``check_cancelled``) after it was asked to ends with the
-    reason it was asked for (a timeout, a second stop signal)."""
+    """A job that stopped itself (``check_cancelled``) when asked ends with the reason asked for."""
     try:
         yield
     except JobCancelled as exc:
@@ -97,8 +112,7 @@ def hard_stop_later(seconds: float) -> None:
         try:
             faulthandler.dump_traceback_later(seconds, exit=True, file=stream)  # type: ignore[arg-type]
             return
-        except (AttributeError, ValueError, OSError):
-            # A stream without a file descriptor (a test's capture, an embedding host).
+        except (AttributeError, ValueError, OSError):  # no file descriptor (a test's capture)
             continue
     logger.warning("no file descriptor for faulthandler: a job stuck in C code cannot be ended after its timeout")
 
@@ -132,7 +146,7 @@ def chain_position(envelope: dict[str, Any]) -> tuple[dict[str, Any] | None, int
 
 @dataclasses.dataclass(slots=True)
 class Prepared:
-    """A claimed job turned into a call, ready to run (see ``prepare_run``)."""
+    """A claimed job turned into a call, ready to run."""
 
     job: Job
     definition: JobDefinition[..., Any]
@@ -143,7 +157,7 @@ class Prepared:
     started: float
     tracker: Tracker
     context: JobContext | None
-    # Built lazily by ``_context`` (middleware needs one): what a context is made of.
+    # What ``make_context`` builds a context of, when used.
     worker_id: str = ""
     chain: dict[str, Any] | None = None
     step: int = 1
@@ -187,8 +201,7 @@ class Prepared:
 def prepare_run(
     job: Job, *, worker_id: str, defaults: Defaults, cancel_probe: Callable[[], int] | None = None
 ) -> Prepared | Outcome:
-    """Turn ``job`` into a call (definition, arguments, context); the outcome instead if it
-    cannot run. May query the database (model arguments)."""
+    """Turn ``job`` into a call, or the outcome if it cannot run. May query (model arguments)."""
     started = time.monotonic()
     tracker = None
     envelope: dict[str, Any] = {}
@@ -201,8 +214,7 @@ def prepare_run(
         tracker = Tracker(job.pk, chain)
         prepared = Prepared(job, definition, envelope, args, kwargs, tries, started, tracker, None, worker_id, chain)
         prepared.step, prepared.steps, prepared.cancel_probe = step, steps, cancel_probe
-        # Built only when used, by the job or by middleware: it is a measurable share of
-        # a bare run's overhead (docs/performance.md).
+        # Built only when used: a measurable share of a bare run (docs/performance.md).
         if definition.takes_context:
             prepared.args = (prepared.make_context(), *args)
         check_signature(definition, prepared.args, kwargs)
@@ -212,8 +224,7 @@ def prepare_run(
         # Fetching a model argument met the database's trouble, not the row's: retry.
         outcome = _after_error(job, exc, envelope, tries, defaults, started, tracker)
     except Exception as exc:  # noqa: BLE001 - any other fault of a stored row must not end the worker
-        # A value no check above foresaw (a model pk of the wrong type, JSON nested
-        # too deep): the row cannot become a call, and running it again cannot help.
+        # A value no check foresaw (a pk of the wrong type, JSON too deep): retrying cannot help.
         reason = PayloadError(f"the stored call could not be prepared: {type(exc).__name__}: {exc}")
         reason.__cause__ = exc
         outcome = _failed(
@@ -230,7 +241,6 @@ def run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outcom
     """Call a prepared job in this thread, inside its middleware and under ``timer``."""
     if not tracing.enabled:
         return _run_prepared(prepared, defaults, timer)
-    # The span is current while the job runs, outside its time limit.
     run = tracing.start_run(prepared)
     outcome = None
     try:
@@ -256,12 +266,10 @@ def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outco
 
 
 async def arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
-    """Await a prepared ``async def`` job on the running event loop, inside its async
-    middleware and its timeout (``asyncio.timeout``: the job is cancelled at its next
-    ``await``). The caller checked ``loop_middleware`` first."""
+    """Await a prepared ``async def`` job on the running loop, inside its async middleware and
+    ``asyncio.timeout`` (the caller checked ``middleware.for_loop`` first)."""
     if not tracing.enabled:
         return await _arun_prepared(prepared, defaults)
-    # Each task runs in a copy of the context: the span is current in this task only.
     run = tracing.start_run(prepared)
     outcome = None
     try:
@@ -286,7 +294,7 @@ async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
                 else:
                     result = await definition.func(*prepared.args, **prepared.kwargs)
             except asyncio.CancelledError as exc:
-                # Cancelled by the worker (a hard cancel or a forced stop): say why.
+                # By the worker (a hard cancel, a forced stop): say why.
                 reason = _cancel_reasons.pop(id(asyncio.current_task()), None)
                 if reason is None or deadline.expired():
                     raise
@@ -294,7 +302,7 @@ async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
     except TimeoutError as exc:
         if not deadline.expired():
             return outcome_of(prepared, exc, defaults)
-        timeout = JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+        timeout = timeout_error(seconds)
         timeout.__cause__ = exc
         return outcome_of(prepared, timeout, defaults)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the loop
@@ -302,8 +310,7 @@ async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
     return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
 
 
-# Why the worker cancelled an asyncio task that runs a job: task id -> the exception
-# the job ends with (set by ``cancel_task`` in the loop's thread).
+# Task id -> the exception a job's task cancelled by the worker ends with (in the loop's thread).
 _cancel_reasons: dict[int, BaseException] = {}
 
 
@@ -322,12 +329,12 @@ def outcome_of(prepared: Prepared, exc: BaseException, defaults: Defaults) -> Ou
     """The outcome of a prepared job whose run raised ``exc``."""
     started, tracker = prepared.started, prepared.tracker
     if isinstance(exc, WorkerStopped):
-        # Forced shutdown: give the job back at once; it runs again elsewhere.
+        # Forced shutdown: back at once, to run elsewhere.
         return Outcome(
             "released", time.monotonic() - started, exception=exc, error=clean(_traceback(exc)), tracker=tracker
         )
     if isinstance(exc, Snooze):
-        # Not an error: no traceback, and no try spent.
+        # Not an error: no traceback, no try spent.
         return Outcome(
             "released",
             time.monotonic() - started,
@@ -344,8 +351,7 @@ def outcome_of(prepared: Prepared, exc: BaseException, defaults: Defaults) -> Ou
 
 def _call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if inspect.iscoroutinefunction(func):
-        # async_to_sync runs the job's sync_to_async calls in this thread,
-        # on the worker's own database connection.
+        # Its sync_to_async calls run in this thread, on the worker's connection.
         return async_to_sync(func)(*args, **kwargs)
     return func(*args, **kwargs)
 
@@ -359,8 +365,7 @@ def _after_error(
     started: float,
     tracker: Tracker | None,
 ) -> Outcome:
-    """Release the job for another attempt after its backoff, or fail it once its tries
-    are used or its ``retry_until`` has passed."""
+    """Release the job for another try after its backoff, or fail it (tries used, ``retry_until`` passed)."""
     if job.tries_spent >= tries:
         return _failed(exc, started, _traceback(exc), tracker)
     max_exceptions = envelope.get("max_exceptions")
@@ -397,36 +402,29 @@ def _after_error(
 
 
 def _retry_deadline(job: Job, envelope: dict[str, Any]) -> datetime | None:
-    """The job's ``retry_until`` from its envelope; None if it has none, or an unreadable one."""
+    """The job's ``retry_until``; None if it has none or an unreadable one."""
     stored = envelope.get("retry_until")
     if stored is None:
         return None
     try:
         deadline = datetime.fromisoformat(stored)
     except (TypeError, ValueError):
-        # Its tries still bound the job; a bad deadline must not fail it by itself.
+        # Its tries still bound the job: a bad deadline must not fail it.
         logger.warning("ignoring unreadable retry_until job=%s id=%s value=%r", job.name, job.pk, stored)
         return None
     return deadline if deadline.tzinfo is not None else deadline.replace(tzinfo=UTC)
 
 
 def database_now(job: Job, started: float) -> datetime:
-    """Estimate the database's clock: the claim's time (``reserved_at``, read from the
-    database) plus the monotonic time since the run ``started``.
-
-    It runs behind the database's clock by the time the job waited in the worker
-    between its claim and its run (a batch's wait, a fraction of a second), never
-    ahead: a deadline is never taken as passed before it has. It is this
-    process's clock only for a row that was never claimed.
-    """
+    """The database's clock, estimated: ``reserved_at`` (the claim's, by the database) plus the
+    time since the run ``started``; behind by the job's wait in the worker, never ahead."""
     if job.reserved_at is None:
         return timezone.now()
     return job.reserved_at + timedelta(seconds=time.monotonic() - started)
 
 
 def _failed(exc: BaseException, started: float, error: str, tracker: Tracker | None) -> Outcome:
-    # Cleaned here, at the source: FailedJob.error, the progress row and the logs
-    # all take the outcome's text.
+    # Cleaned at the source: FailedJob.error, the progress row and the logs take this text.
     return Outcome("failed", time.monotonic() - started, exception=exc, error=clean(error), tracker=tracker)
 
 

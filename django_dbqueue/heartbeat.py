@@ -1,11 +1,7 @@
-"""A worker's heartbeat: while the worker lives, it extends every reservation it holds.
-
-Without it ``retry_after`` would have to outlast the longest run, or a live worker's
-job would be reclaimed and run twice in parallel; with it, ``retry_after`` is how
-long a worker may stay silent before its jobs are presumed dead. One thread per
-worker covers all it holds (running, claimed ahead, waiting for their DELETE) with
-one UPDATE, and only once a held reservation is a third of its ``retry_after``
-old, so a worker busy with short jobs never beats at all.
+"""A worker's heartbeat: while the worker lives, it extends every reservation it holds, so
+``retry_after`` is how long a worker may stay silent, not the longest run. One thread covers
+all it holds with one UPDATE, once a reservation is a third of its ``retry_after`` old (short
+jobs cost no beat); it also refreshes the worker's row, flushes the history, polls cancels.
 """
 
 from __future__ import annotations
@@ -33,11 +29,9 @@ MIN_INTERVAL = 0.25
 ERROR_RETRY = 1.0
 # Seconds ``stop`` waits for a beat in flight (a connect to a server that is away).
 STOP_WAIT = 5.0
-# A job that runs this many seconds is asked about cancel requests (``Job.cancel``),
-# and again every as many seconds while it runs.
+# Seconds between two looks at the cancel requests of a running job (from its first second).
 CANCEL_POLL = 1.0
-# Seconds taken off a reservation's lease when judging whether it may have
-# expired: the claim's reply, and the clocks of two hosts ticking at their rates.
+# Seconds taken off a lease when judging whether it may have expired (the claim's reply, clock rates).
 LEASE_MARGIN = 1.0
 
 
@@ -47,9 +41,8 @@ def beat_interval(retry_after: float) -> float:
 
 
 class Heartbeat:
-    """Extend the reservations ``worker_id`` holds (``hold``, until ``drop``), from a
-    thread with its own connection, so a beat is never part of the worker's
-    transactions. ``interval`` overrides every job's beat interval (tests)."""
+    """Extend the reservations ``worker_id`` holds (``hold`` until ``drop``) from a thread with
+    its own connection, outside the worker's transactions. ``interval``: every job's (tests)."""
 
     def __init__(
         self,
@@ -63,46 +56,37 @@ class Heartbeat:
     ) -> None:
         self.worker_id = worker_id
         self.interval = interval
-        # With queues, the thread also keeps the worker's QueueWorker row fresh (see
-        # ``workers``), with ``stats`` in it, and adds ``recorder``'s counts to the history.
+        # With queues, it also keeps the worker's row fresh with ``stats``, and flushes ``recorder``.
         self.queues = list(queues) if queues is not None else None
         self.options = options
         self.stats = stats
         self.recorder = recorder
-        # When the worker's row is next refreshed (monotonic); None: never.
+        # When the row is next refreshed (None: never), and was last (others reclaim its jobs
+        # ``workers.dead_after()`` later). Monotonic, as every time here.
         self._seen_due: float | None = None
-        # When the row was last written (monotonic): others take the worker for dead,
-        # and reclaim its jobs, ``workers.dead_after()`` after that.
         self._row_fresh = time.monotonic()
-        # The jobs running now (id -> job, monotonic start), when they are next asked
-        # about cancel requests, and the requests seen: id -> (attempts, Job.cancel level).
+        # Running jobs (id -> job, start), the next cancel poll, requests seen: id -> (attempts, level).
         self._running: dict[int, tuple[Job, float]] = {}
         self._cancel_due: float | None = None
         self._cancels: dict[int, tuple[int, int]] = {}
-        # Called from the heartbeat's thread with the job and the level of a cancel request.
+        # Called from the thread with the job and the level of a cancel request.
         self.on_cancel: Callable[[Job, int], None] | None = None
-        # Until when the thread sleeps (monotonic).
         self._sleep_until = 0.0
         self.beats = 0
         self.lost = 0
         self._lock = threading.Lock()
-        # id -> (job, monotonic time its reservation was last known fresh)
+        # id -> (job, when its reservation was last known fresh)
         self._held: dict[int, tuple[Job, float]] = {}
-        # id -> the monotonic time the next beat's interval counts from, when it is not
-        # the last fresh time: after a failed beat, the retry comes sooner, while the
-        # lease (``lease_safe``) still counts from the last beat that reached the database.
+        # id -> when the next beat's interval counts from after a failed beat (the lease still
+        # counts from the last beat that reached the database).
         self._beat_from: dict[int, float] = {}
         self._wake = threading.Event()
-        # When the thread will beat next (monotonic); None while nothing is held.
-        self._due: float | None = None
+        self._due: float | None = None  # the next beat; None while nothing is held
         self._stopping = False
         self._thread: threading.Thread | None = None
 
-    # -- what the worker holds ----------------------------------------------
-
     def hold(self, jobs: Iterable[Job]) -> None:
-        """Cover freshly claimed ``jobs`` (a job already covered keeps its entry);
-        starts the thread on first use."""
+        """Cover freshly claimed ``jobs`` (one covered already keeps its entry)."""
         now = time.monotonic()
         sooner = False
         with self._lock:
@@ -115,8 +99,7 @@ class Heartbeat:
         if self._thread is None:
             self.start()
         elif sooner:
-            # The thread sleeps until a later beat, or until something is held.
-            self._wake.set()
+            self._wake.set()  # it sleeps until a later beat, or until something is held
 
     def drop(self, job: Job) -> None:
         """Stop covering ``job`` (this reservation of it)."""
@@ -132,26 +115,22 @@ class Heartbeat:
             return [job for job, _ in self._held.values()]
 
     def running(self, job: Job | None) -> None:
-        """Say that ``job`` runs now (None: no job runs; see ``stopped`` for a pooled
-        worker's jobs). A job that runs ``CANCEL_POLL`` seconds is asked about cancel
-        requests, so short jobs cost nothing."""
+        """Say that ``job`` runs now (None: none does); after ``CANCEL_POLL`` its cancel requests are read."""
         if job is None:
-            # The poll time stays: the thread wakes then, finds nothing running, and
-            # sleeps on, instead of being woken again by the next job.
+            # The poll time stays: the thread wakes then and sleeps on, not woken by the next job.
             self._running.clear()
             return
         now = time.monotonic()
         with self._lock:
             self._running[job.pk] = (job, now)
             if self._cancel_due is not None and self._cancel_due > now:
-                return  # a poll is due already; the job is asked at a poll after this one
+                return  # a poll is due already; the job is asked at a later one
             self._cancel_due = due = now + CANCEL_POLL
-        # The thread already wakes before then for an earlier job: no wake-up per job.
         if self._thread is not None and due < self._sleep_until:
             self._wake.set()
 
     def stopped(self, job: Job) -> None:
-        """Say that ``job`` no longer runs (one of several; see ``running``)."""
+        """Say that ``job`` no longer runs."""
         with self._lock:
             entry = self._running.get(job.pk)
             if entry is not None and entry[0].attempts == job.attempts:
@@ -163,14 +142,8 @@ class Heartbeat:
         return level if attempts == job.attempts else 0
 
     def lease_safe(self, job: Job) -> bool:
-        """Tell whether this reservation of ``job`` cannot have expired yet.
-
-        True while the last time it was known fresh (claimed, or extended by a
-        beat) is less than its ``retry_after`` ago, less ``LEASE_MARGIN``: until
-        then no other worker can have reclaimed it, so a row found gone was
-        deleted by this worker. False once that is no longer certain (a beat
-        could not reach the database for that long), or if ``job`` is not held.
-        """
+        """Tell whether this reservation of ``job`` cannot have expired yet: it was known fresh less
+        than its ``retry_after`` (less ``LEASE_MARGIN``) ago, so no other worker can have taken it."""
         with self._lock:
             entry = self._held.get(job.pk)
         if entry is None or entry[0].attempts != job.attempts:
@@ -181,10 +154,8 @@ class Heartbeat:
             return False
         return now < entry[1] + job.retry_after - LEASE_MARGIN
 
-    # -- the worker's row --------------------------------------------------------
-
     def register(self) -> None:
-        """Write the worker's row as it starts (or the first beat does, once the database answers)."""
+        """Write the worker's row as it starts (else the first beat that reaches the database does)."""
         try:
             workers.register(self.worker_id, self.queues or [], self.options, self.stats)
         except DatabaseError as exc:
@@ -202,13 +173,10 @@ class Heartbeat:
         except DatabaseError as exc:
             logger.warning("worker row not removed worker_id=%s: %s", self.worker_id, error_text(exc))
 
-    # -- the thread ------------------------------------------------------------
-
     def start(self) -> Heartbeat:
         if self._thread is None:
             self._stopping = False
-            if self.queues is not None:
-                # The worker wrote its row as it started.
+            if self.queues is not None:  # the worker wrote its row as it started
                 self._row_fresh = time.monotonic()
                 self._seen_due = time.monotonic() + workers.beat_seconds()
             self._thread = threading.Thread(target=self._run, name=f"dbqueue-heartbeat-{self.worker_id}", daemon=True)
@@ -235,7 +203,7 @@ class Heartbeat:
         return self.interval if self.interval is not None else beat_interval(job.retry_after)
 
     def _next_beat(self) -> float | None:
-        """Monotonic time of the next beat, None when nothing is held (and no row is kept fresh)."""
+        """When the thread next has work; None: never."""
         with self._lock:
             self._due = min(
                 (self._beat_from.get(job.pk, fresh) + self._interval(job) for job, fresh in self._held.values()),
@@ -249,8 +217,7 @@ class Heartbeat:
         try:
             while not self._stopping:
                 due = self._next_beat()
-                if due is None or due > time.monotonic():
-                    # Woken early by a hold (a shorter interval may be due sooner) or a stop.
+                if due is None or due > time.monotonic():  # woken early by a hold or a stop
                     self._sleep_until = float("inf") if due is None else due
                     self._wake.wait(None if due is None else due - time.monotonic())
                     self._wake.clear()
@@ -338,12 +305,11 @@ class Heartbeat:
                     self.on_cancel(job, level)
 
     def _retry_soon(self, jobs: list[Job]) -> None:
-        """Make the next beat come ``ERROR_RETRY`` seconds from now (or sooner if due sooner)."""
+        """Make the next beat come ``ERROR_RETRY`` seconds from now, or sooner if due."""
         now = time.monotonic()
         with self._lock:
             for job in jobs:
                 entry = self._held.get(job.pk)
                 if entry is not None and entry[0].attempts == job.attempts:
                     interval = self._interval(job)
-                    # Not the fresh time: the reservation was not extended.
                     self._beat_from[job.pk] = now - interval + min(ERROR_RETRY, interval)

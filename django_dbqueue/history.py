@@ -1,21 +1,13 @@
-"""Throughput history: how many jobs started, succeeded, failed and were retried,
-per minute, queue and job name, with their run times.
-
-A worker counts in memory (``Recorder``, a dict update per job) and its
-heartbeat thread adds the counts to the ``JobHistory`` rows every
-``workers.beat_seconds()`` with one upsert per beat, whatever the number of
-jobs: the job path writes nothing. Counts not yet written when a worker is
-killed (``kill -9``) are lost: at most one beat's worth. A clean stop writes
-them. ``DBQUEUE["HISTORY"] = False`` turns it off; rows older than
-``DBQUEUE["HISTORY_MAX_AGE"]`` hours are pruned by idle workers.
-
-Buckets are minutes of the worker's clock (hosts are expected to run NTP): a
-worker on a host whose clock is a minute off files its counts a minute off.
+"""Throughput history: jobs started, succeeded, failed and retried per minute, queue and name,
+with run times. A worker counts in memory (``Recorder``) and its heartbeat adds the counts to
+the ``JobHistory`` rows with one upsert per beat (a ``kill -9`` loses one beat's worth). Buckets
+are minutes of the worker's clock; ``DBQUEUE["HISTORY"] = False`` turns it off.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import threading
 import time
@@ -55,6 +47,12 @@ class Tally:
     def values(self) -> list[Any]:
         return [self.started, self.succeeded, self.failed, self.retried, self.run_time, *self.bins]
 
+    @classmethod
+    def of(cls, value: Any) -> Tally:
+        """A tally of the counts ``value(column)`` reads (a row's)."""
+        started, succeeded, failed, retried = (value(name) for name in COUNTS)
+        return cls(started, succeeded, failed, retried, value("run_time"), [value(name) for name in BINS])
+
     def add(self, other: Tally) -> None:
         self.started += other.started
         self.succeeded += other.succeeded
@@ -76,13 +74,11 @@ def enabled() -> bool:
 
 
 class Recorder:
-    """A worker's counts since its last flush. ``started`` and ``ended`` are called
-    by the worker (any thread), ``flush`` by its heartbeat thread."""
+    """A worker's counts since its last flush (any thread counts; the heartbeat flushes)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Keyed by the minute's number (seconds since the epoch // 60): made a
-        # datetime at the flush, not once per job.
+        # Keyed by the minute's number: made a datetime at the flush, not per job.
         self._tallies: dict[tuple[int, str, str], Tally] = {}
         self.on = enabled()
 
@@ -119,10 +115,7 @@ class Recorder:
             return bool(self._tallies)
 
     def flush(self, using: str | None = None) -> int:
-        """Add the counts to the history rows; return how many rows were written.
-
-        On a database error the counts are kept for the next flush, and the error raised.
-        """
+        """Add the counts to the rows; return how many. On an error they are kept, and it raised."""
         with self._lock:
             counted, self._tallies = self._tallies, {}
         if not counted:
@@ -171,9 +164,7 @@ def add(tallies: dict[Key, Tally], using: str | None = None) -> None:
         cursor.execute(sql, params)
 
 
-# The bucket that holds the sums of pruned rows, per queue and name: the totals
-# never go down (Prometheus counters read from them must not), and no window of
-# the dashboard reaches back to it.
+# The bucket of pruned rows' sums per queue and name: the totals (Prometheus counters) never go down.
 EVER = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -190,17 +181,7 @@ def prune(hours: float) -> int:
             return 0
         old = JobHistory.objects.using(using).filter(bucket__lte=newest, bucket__gt=EVER)
         sums = old.values("queue", "name").order_by().annotate(**{name: Sum(name) for name in ADDED})
-        folded = {
-            (EVER, row["queue"], row["name"]): Tally(
-                row["started"],
-                row["succeeded"],
-                row["failed"],
-                row["retried"],
-                row["run_time"],
-                [row[name] for name in BINS],
-            )
-            for row in sums
-        }
+        folded = {(EVER, row["queue"], row["name"]): Tally.of(row.__getitem__) for row in sums}
         deleted, _ = old.delete()
         add(folded, using)
     return deleted
@@ -217,8 +198,7 @@ class Totals(Tally):
         return self.succeeded + self.failed + self.retried
 
     def percentile(self, q: float) -> float | None:
-        """The run time below which ``q`` (0..1) of the runs ended, read from the
-        buckets (the bucket's upper bound; ``BOUNDS[-1]`` for the last); None without runs."""
+        """The run time (a bucket's upper bound) below which ``q`` (0..1) of the runs ended; None without runs."""
         total = sum(self.bins)
         if not total:
             return None
@@ -243,13 +223,5 @@ def totals(rows: Iterable[JobHistory], by: str | None = None) -> dict[Any, Total
     result: dict[Any, Totals] = {}
     for row in rows:
         key = getattr(row, by) if by else None
-        total = result.get(key)
-        if total is None:
-            total = result[key] = Totals()
-        total.started += row.started
-        total.succeeded += row.succeeded
-        total.failed += row.failed
-        total.retried += row.retried
-        total.run_time += row.run_time
-        total.bins = [a + getattr(row, name) for a, name in zip(total.bins, BINS, strict=True)]
+        result.setdefault(key, Totals()).add(Tally.of(functools.partial(getattr, row)))
     return result

@@ -1,5 +1,5 @@
-"""The one-slot executor: claimed jobs run one at a time in the worker's main thread,
-watched by a ``JobTimer`` (``queue_work`` without ``--threads`` or ``--async-concurrency``)."""
+"""The one-slot executor: claimed jobs run one at a time in the worker's main thread, watched by a
+``JobTimer`` (``queue_work`` without ``--threads`` or ``--async-concurrency``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,16 @@ from contextlib import contextmanager
 
 from . import progress
 from .db import caused_by_lost_connection, drop_connection
-from .exceptions import JobTimeout
-from .execution import Defaults, Outcome, Prepared, ends_as_asked, hard_stop_later, prepare_run, run_prepared
+from .execution import (
+    Defaults,
+    Outcome,
+    Prepared,
+    ends_as_asked,
+    hard_stop_later,
+    past_timeout,
+    prepare_run,
+    run_prepared,
+)
 from .models import Job
 from .pool import Run
 
@@ -23,9 +31,8 @@ logger = logging.getLogger("django_dbqueue")
 
 
 class Inline:
-    """One slot: the claimed jobs run one at a time in the worker's main thread, each
-    when ``collect`` is called, watched by a ``JobTimer`` whose thread hands a job
-    that does not stop in time to ``on_stuck(stuck, runs)`` (see execution)."""
+    """One slot: each job runs when ``collect`` is called; one that does not stop in time goes
+    to ``on_stuck(stuck, runs)`` from the timer's thread."""
 
     capacity = 1
     draining = False
@@ -79,13 +86,12 @@ class Inline:
                     worker_id=self.worker_id,
                     defaults=self.defaults,
                     timer=self.timer,
-                    # A cancel request, or the worker's own request to stop.
                     cancel_probe=lambda: self._cancel_level(job) or int(self.timer.asked_to_stop(job)),
                 )
         finally:
             self.current = None
         if outcome.exception is not None and caused_by_lost_connection(outcome.exception):
-            drop_connection()  # the job's connection is the worker's: a fresh one for what follows
+            drop_connection()  # the job's connection is the worker's
         return [(job, outcome)]
 
     def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
@@ -97,7 +103,7 @@ class Inline:
             self.timer.ask_to_stop(current, reason_for(current))
 
     def check_deadlines(self) -> tuple[Run | None, float | None]:
-        return None, None  # the timer's thread watches the job
+        return None, None  # the timer's thread watches
 
     def abandon(self) -> list[Run]:
         jobs, self.queued = list(self.queued), collections.deque()
@@ -113,22 +119,12 @@ class Inline:
 
 
 class JobTimer:
-    """The one-slot executor's watch over the job that runs in the main thread.
-
-    A job is asked to stop, never interrupted (see pool): at its timeout, or when
-    ``ask_to_stop`` names it (a hard cancel, a second stop signal). One still running
-    ``grace`` seconds later goes to ``on_stuck(prepared, reason)`` in the timer's
-    thread, which records it and ends the process: the main thread never comes back
-    from that job. C code that holds the GIL stops that thread too; then faulthandler
-    ends the process ``LAST_RESORT_SLACK`` seconds later, and the job is reclaimed.
-
-    One timer serves a worker's life, and a job costs a lock and a few assignments:
-    the thread wakes only for a sooner deadline, and one faulthandler arming (with
-    ``HARD_STOP_SLACK`` to spare) covers jobs that follow each other quickly;
-    ``pause`` disarms it between jobs. A request names the run it is for (job id and
-    attempts): a stop meant for one job never reaches the next. Without ``on_stuck``
-    a run past its grace is only asked to stop.
-    """
+    """The watch over the job in the main thread: asked to stop (never interrupted) at its
+    timeout or by ``ask_to_stop``; one still running ``grace`` later goes to ``on_stuck`` in the
+    timer's thread, which records it and ends the process; faulthandler ends it
+    ``LAST_RESORT_SLACK`` later if C code holds the GIL. One timer serves a worker's life: the
+    thread wakes only for a sooner deadline, and one arming (``HARD_STOP_SLACK`` to spare) covers
+    quick jobs in a row. A request names its run (id, attempts), so it never reaches the next."""
 
     def __init__(self, grace: float, on_stuck: Callable[[Prepared, BaseException], None] | None = None) -> None:
         self.grace = grace
@@ -136,26 +132,21 @@ class JobTimer:
         # Reentrant: a stop signal's handler runs in the main thread, perhaps inside ``limit``.
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        # The run inside ``limit``, its deadlines (monotonic) and why it was asked to stop.
+        # The run inside ``limit``, its deadlines and why it was asked to stop.
         self._prepared: Prepared | None = None
         self._seconds: int | None = None
         self._soft_at: float | None = None
         self._hard_at: float | None = None
         self._reason: BaseException | None = None
-        # The thread took the run over: it records it and ends the process.
-        self._taken = False
+        self._taken = False  # the thread records the run and ends the process
         self._sleeping_until = math.inf
         self._thread: threading.Thread | None = None
         self._closed = False
-        # Monotonic time at which faulthandler fires; 0 when it is not armed.
-        self._hard_stop_at = 0.0
+        self._hard_stop_at = 0.0  # when faulthandler fires; 0: not armed
 
     def __enter__(self) -> JobTimer:
-        # The thread starts with the worker, not with its first job: creating a thread
-        # blocks every signal in the creating thread for a moment, and a stop signal
-        # that arrives then goes to another thread, which cannot wake the main thread
-        # from a job's sleep (the suspected cause of a first SIGTERM, seen once in CI,
-        # that was not handled until the job ended).
+        # The thread starts with the worker, not a job: creating one blocks signals in this
+        # thread for a moment, and a SIGTERM then goes to a thread that cannot wake a job's sleep.
         with self._lock:
             self._closed = False
             self._wake_for(math.inf)
@@ -168,10 +159,8 @@ class JobTimer:
             self._changed.notify()
 
     def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
-        """Ask this reservation of ``job`` to stop, with ``reason``, if it runs under this
-        timer now, and hand it to ``on_stuck`` if it still runs ``grace`` seconds later;
-        callable from any thread. False when ``job`` does not run here (it ended, or
-        another run has started since)."""
+        """Ask this reservation of ``job`` to stop with ``reason`` (any thread); it goes to
+        ``on_stuck`` if it runs ``grace`` later. False when it does not run here."""
         with self._lock:
             prepared = self._prepared
             if self._taken or prepared is None or (prepared.job.pk, prepared.job.attempts) != (job.pk, job.attempts):
@@ -186,7 +175,7 @@ class JobTimer:
             return True
 
     def asked_to_stop(self, job: Job) -> bool:
-        """Tell whether this reservation of ``job`` was asked to stop (its cancel probe)."""
+        """Tell whether this reservation of ``job`` was asked to stop."""
         with self._lock:
             prepared = self._prepared
             return (
@@ -207,8 +196,7 @@ class JobTimer:
                 self._wake_for(self._soft_at)
         if seconds:
             assert self._hard_at is not None
-            # Keep the armed faulthandler if it fires after this job's last resort, and
-            # not more than HARD_STOP_SLACK later.
+            # Keep an arming that fires after this job's last resort, by HARD_STOP_SLACK at most.
             needed = self._hard_at + LAST_RESORT_SLACK
             if not needed <= self._hard_stop_at <= needed + HARD_STOP_SLACK:
                 self._arm(self._hard_at, spare=HARD_STOP_SLACK)
@@ -224,8 +212,7 @@ class JobTimer:
                 if not taken:
                     self._prepared = self._reason = self._soft_at = self._hard_at = None
             if taken:
-                # The timer's thread records this run and ends the process; nothing
-                # after the run may touch the queue meanwhile.
+                # The timer's thread records it and ends the process: touch nothing meanwhile.
                 threading.Event().wait()
 
     def pause(self) -> None:
@@ -254,17 +241,7 @@ class JobTimer:
                 now = time.monotonic()
                 prepared = self._prepared
                 if prepared is not None and self._reason is None and self._soft_at is not None and self._soft_at <= now:
-                    self._reason = JobTimeout(
-                        f"the job ran longer than its timeout of {self._seconds} s and was stopped"
-                    )
-                    logger.warning(
-                        "job=%s id=%s ran past its timeout of %ss: asked to stop; its process ends in %ss "
-                        "unless it does",
-                        prepared.job.name,
-                        prepared.job.pk,
-                        self._seconds,
-                        self.grace,
-                    )
+                    self._reason = past_timeout(prepared.job, self._seconds, self.grace)
                 if prepared is not None and self._hard_at is not None and self._hard_at <= now:
                     if self._on_stuck is not None:
                         self._taken = True
@@ -283,11 +260,9 @@ class JobTimer:
             logger.exception("job=%s id=%s: its outcome could not be recorded", prepared.job.name, prepared.job.pk)
 
 
-# Seconds a faulthandler arming for one job may outlast that job's last resort,
-# so the jobs after it within that time need no new arming.
+# Seconds an arming for one job may outlast its last resort: jobs within it need no new arming.
 HARD_STOP_SLACK = 1.0
-# Seconds faulthandler leaves the timer's thread, after a job's grace, to record
-# the job and end the process in order, before it ends the process itself.
+# Seconds faulthandler leaves the timer's thread, after a job's grace, to end the process in order.
 LAST_RESORT_SLACK = 5.0
 
 
@@ -299,13 +274,8 @@ def execute(
     timer: JobTimer | None = None,
     cancel_probe: Callable[[], int] | None = None,
 ) -> Outcome:
-    """Run ``job`` and return what should happen to it. Never raises for the job's fault.
-
-    ``timer`` is the worker's long-lived ``JobTimer`` (or a pool thread); without
-    one, a timer is set up for this run alone, which only asks the job to stop at
-    its timeout.
-    ``cancel_probe`` tells the job's context whether a cancel request was seen.
-    """
+    """Run ``job`` and return its outcome; never raises for the job's fault. Without ``timer``
+    one for this run alone only asks the job to stop at its timeout."""
     if timer is None:
         with JobTimer(defaults.timeout_grace) as own_timer:
             return execute(job, worker_id=worker_id, defaults=defaults, timer=own_timer, cancel_probe=cancel_probe)

@@ -1,16 +1,7 @@
-"""Wake idle workers on PostgreSQL: LISTEN for the NOTIFY that new jobs send.
-
-A statement-level trigger (migration 0002) runs ``pg_notify('dbqueue', queue)``
-for the queues of the rows an INSERT made available at once; PostgreSQL
-delivers it when the enqueueing transaction commits. An idle worker waits on
-its connection's socket as well as its timer, so a new job starts within a
-round trip instead of a poll interval. Polling stays: delayed jobs, releases
-and other databases are found by it.
-
-A transaction pooler (PgBouncer in transaction mode) cannot carry ``LISTEN``:
-the session that listens is lent to other clients between transactions.
-Behind one, point ``DBQUEUE["LISTEN_DATABASE"]`` at an alias that reaches
-the server directly, or set ``DBQUEUE["LISTEN"] = False`` to poll only.
+"""Wake idle workers on PostgreSQL: LISTEN for the NOTIFY a trigger sends for the queues of rows
+an INSERT made available, so a new job starts within a round trip; polling finds the rest. A
+transaction pooler cannot carry LISTEN: set ``DBQUEUE["LISTEN_DATABASE"]`` to a direct alias,
+or ``DBQUEUE["LISTEN"] = False``.
 """
 
 from __future__ import annotations
@@ -30,8 +21,7 @@ CHANNEL = "dbqueue"
 
 
 class Listener:
-    """LISTEN on a connection of the worker's (the queue's, or ``LISTEN_DATABASE``'s);
-    re-LISTEN after a reconnect."""
+    """LISTEN on the queue's connection, or ``LISTEN_DATABASE``'s; again after a reconnect."""
 
     def __init__(self, using: str | None = None) -> None:
         self.using = using or alias()
@@ -39,7 +29,7 @@ class Listener:
 
     @classmethod
     def configured(cls) -> Listener | None:
-        """The listener the settings ask for, or None: ``LISTEN`` off, or no PostgreSQL to listen to."""
+        """The listener the settings ask for; None: ``LISTEN`` off, or no PostgreSQL."""
         if not conf.get("LISTEN"):
             return None
         using = conf.get("LISTEN_DATABASE") or alias()
@@ -55,7 +45,7 @@ class Listener:
         return bool(is_psycopg3)
 
     def fileno(self) -> int | None:
-        """The socket to wait on, LISTENing first if this connection does not yet; None if not possible."""
+        """The socket to wait on, LISTENing first if needed; None if not possible."""
         connection = connections[self.using]
         try:
             connection.ensure_connection()
@@ -90,8 +80,7 @@ class Listener:
         return len(queues)
 
     def _forget(self) -> None:
-        """LISTEN again on the next wait; a connection of its own is opened afresh (the
-        queue's is reopened by the worker's next claim)."""
+        """LISTEN again on the next wait, on a fresh connection if it is its own."""
         self._listening_on = None
         if self.using != alias():
             drop_connection(self.using)

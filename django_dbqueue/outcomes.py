@@ -1,12 +1,9 @@
-"""The end of a run: record a job's outcome, then report it.
+"""The end of a run: store a job's outcome through any outage, then report it.
 
-A job that succeeded with nothing to enqueue after it waits for the DELETE of its
-batch (with the worker's next claim, or ``batch_window`` later at most); any other
-outcome is stored at once, with the rows that follow it (chains, callbacks) and its
-kept result, in one transaction (``Outages.store`` retries it through an outage).
-Once stored, the outcome is reported: the final progress, the workers table and the
-history counts, the outcome's signal and a log line; none of them changes what was
-stored.
+A job that succeeded with nothing to follow it waits for its batch's DELETE (the next claim,
+or ``batch_window`` later); any other outcome is stored at once, with its follow-ups and kept
+result, in one transaction. Every statement is retried on a fresh connection while the
+database is away; reports (progress, stats, history, signals, logs) never change what was stored.
 """
 
 from __future__ import annotations
@@ -14,36 +11,232 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any, TypeVar
 
-from . import handles, progress, rows, signals
-from .exceptions import JobCancelled, JobTimeout
-from .execution import Defaults, Outcome, outcome_of
+from django.db import DatabaseError, transaction
+
+from . import handles, lifecycle, progress, rows, signals, workers
+from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error
+from .exceptions import JobCancelled
+from .execution import Defaults, Outcome, outcome_of, timeout_error
 from .heartbeat import Heartbeat
 from .history import Recorder
 from .models import FailedJob, Job, TaskResultRecord
-from .outages import Outages
 from .pool import Run
 from .workers import Stats
 
 logger = logging.getLogger("django_dbqueue")
 
-# A job recorded as timed out by a process that ends for it is released for its next
-# try no sooner than this (seconds), by when that process is gone: until it is, the
-# job's code may still run in the thread that did not stop.
+T = TypeVar("T")
+
+# Waits after a database error, doubled up to the last: short, so a worker resumes within
+# seconds of the database's return, whatever the outage's length.
+DB_RETRY_DELAYS = (0.5, 1, 2)
+# A job whose connection broke under it is given back without spending a try at most this
+# many times, so a job that always breaks its own connection still ends.
+MAX_GIVE_BACKS = 5
+# Errors other than a lost connection are retried this many times when recording an outcome.
+MAX_RECORD_ERRORS = 5
+# A job recorded as timed out by a process that ends for it is released no sooner than this
+# (seconds): until that process is gone, the job's code may still run in its thread.
 ENDING_RELEASE_DELAY = 10.0
 
 
 def ending(run: Run, defaults: Defaults) -> Outcome:
     """The outcome of a run asked to stop that did not, as the process that ends for it records it."""
-    seconds = run.job.timeout or defaults.timeout
-    reason = run.reason or JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
+    reason = run.reason or timeout_error(run.job.timeout or defaults.timeout)
     if run.prepared is None:
         return Outcome("failed", 0, exception=reason, error=str(reason))
     outcome = outcome_of(run.prepared, reason, defaults)
     if outcome.status != "released":
         return outcome
     return dataclasses.replace(outcome, delay=max(outcome.delay, ENDING_RELEASE_DELAY))
+
+
+class Outages:
+    """How the worker's main thread outlives a lost database. ``wait(seconds)`` sleeps between
+    tries (a first stop signal does not cut it short); after ``forced()`` (a second signal) an
+    outcome is given up on; ``meanwhile()`` runs at each wait (deadlines)."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        heartbeat: Heartbeat,
+        *,
+        wait: Callable[[float], object],
+        forced: Callable[[], bool],
+        meanwhile: Callable[[], object],
+    ) -> None:
+        self.worker_id = worker_id
+        self.heartbeat = heartbeat
+        self._wait, self._forced, self._meanwhile = wait, forced, meanwhile
+        # Claims in a row that failed: the next one gives back what they may have reserved.
+        self.claim_errors = 0
+        # Jobs that ran but whose outcome this worker gave up storing: reclaimed after retry_after.
+        self.unrecorded: set[int] = set()
+
+    def retry(self, action: Callable[[], T], what: str) -> T | None:
+        """Run ``action`` until it meets no database error; None if given up on."""
+        attempt = 0
+        while True:
+            try:
+                return action()
+            except DatabaseError as exc:
+                lost = self.trouble(exc, what, attempt)
+                attempt += 1
+                if self._forced() or (not lost and attempt >= MAX_RECORD_ERRORS):
+                    logger.error("giving up on %s after %s errors; the reservation will be reclaimed", what, attempt)
+                    return None
+
+    def claim_failed(self, exc: DatabaseError) -> None:
+        self.trouble(exc, "reserve", self.claim_errors)
+        self.claim_errors += 1
+
+    def trouble(self, exc: DatabaseError, what: str, attempt: int) -> bool:
+        """Log a database error, wait before the next try; tell whether the connection was lost."""
+        # Told by the error, not by a probe (a probe's connection, idle through the wait, could
+        # be killed too). A query the database refuses (SQLite's OperationalError) is not lost.
+        lost = is_connection_error(exc)
+        if lost:
+            # Every worker's row goes stale while the database is away: take none for dead yet.
+            workers.postpone_reclaim()
+        drop_connection()
+        # Jobs past their timeout are asked to stop now, not once the database is back.
+        self._meanwhile()
+        delay = DB_RETRY_DELAYS[min(attempt, len(DB_RETRY_DELAYS) - 1)]
+        logger.warning(
+            "database error during %s worker_id=%s connection_lost=%s retry_in=%ss: %s",
+            what,
+            self.worker_id,
+            lost,
+            delay,
+            error_text(exc),
+        )
+        self._wait(delay)
+        return lost
+
+    def store(
+        self, job: Job, outcome: Outcome, follow_ups: list[Job], record: TaskResultRecord | None
+    ) -> tuple[bool | None, FailedJob | None]:
+        """Store the outcome with its follow-ups (and ``record``, in the same transaction); None
+        if it never could."""
+        failed_job = None
+        tries = 0
+
+        def change() -> bool:
+            nonlocal failed_job, tries
+            tries += 1
+            if outcome.status == "succeeded":
+                stored = lifecycle.delete(job, follow_ups=follow_ups)
+            elif outcome.status == "released":
+                stored = lifecycle.release(
+                    job, delay=outcome.delay, give_back=outcome.given_back, exception=outcome.counts_exception
+                )
+            else:
+                failed_job = lifecycle.fail(
+                    job, error=outcome.error, exception_class=outcome.exception_class, follow_ups=follow_ups
+                )
+                stored = failed_job is not None
+            if not stored and tries > 1:
+                # The try that lost its connection may have committed before the reply was lost.
+                stored, failed_job = self.stored_by_earlier_try(job, outcome)
+            if stored and record is not None:
+                record.save(using=alias(), force_insert=record._state.adding)
+            return stored
+
+        def store() -> bool:
+            with transaction.atomic(using=alias()) if record is not None else nullcontext():
+                return change()
+
+        return self.retry(store, "record"), failed_job
+
+    def delete_done(
+        self, done: list[tuple[Job, Outcome]], records: dict[int, TaskResultRecord], *, tried: bool = False
+    ) -> set[int] | None:
+        """Delete the jobs that succeeded (saving their ``records``) in one statement; the ids
+        deleted, None if it never could. ``tried``: an earlier statement may have committed."""
+        tries = 1 if tried else 0
+
+        def delete() -> set[int]:
+            nonlocal tries
+            tries += 1
+            with transaction.atomic(using=alias()) if records else nullcontext():
+                deleted = lifecycle.delete_many([job for job, _ in done])
+                for pk in deleted & records.keys():
+                    records[pk].save(using=alias(), force_insert=records[pk]._state.adding)
+            if tries > 1:
+                deleted |= {
+                    job.pk
+                    for job, outcome in done
+                    if job.pk not in deleted and self.stored_by_earlier_try(job, outcome)[0]
+                }
+            return deleted
+
+        return self.retry(delete, "record")
+
+    def release_lost_claims(self) -> None:
+        """Give back rows reserved in this worker's name by a claim whose reply was lost."""
+        held = Job.objects.reserved().filter(reserved_by=self.worker_id).exclude(pk__in=self.unrecorded)
+        for job in held:
+            if lifecycle.release(job, give_back=True):
+                logger.warning(
+                    "released job=%s id=%s attempt=%s: its claim committed but the reply was lost",
+                    job.name,
+                    job.pk,
+                    job.attempts,
+                )
+
+    def give_back(self, job: Job) -> None:
+        """Release a claimed job this worker will not run; it spends no try."""
+        try:
+            lifecycle.release(job, give_back=True)
+        except DatabaseError as exc:
+            logger.warning(
+                "could not release job=%s id=%s: %s; it is reclaimed after retry_after",
+                job.name,
+                job.pk,
+                error_text(exc),
+            )
+
+    def connection_lost(self, job: Job, outcome: Outcome) -> bool:
+        """Tell whether the job ended because its connection broke, not by its own fault: then
+        it is given back without spending a try, ``MAX_GIVE_BACKS`` times at most."""
+        if outcome.status == "succeeded" or outcome.exception is None or outcome.snoozed:
+            return False  # a snooze gave it back already, with its own delay
+        if not caused_by_lost_connection(outcome.exception):
+            return False
+        if job.given_back >= MAX_GIVE_BACKS:
+            logger.warning(
+                "lost connection job=%s id=%s attempt=%s: given back %s times already, this one spends a try",
+                job.name,
+                job.pk,
+                job.attempts,
+                job.given_back,
+            )
+            return False
+        return True
+
+    def stored_by_earlier_try(self, job: Job, outcome: Outcome) -> tuple[bool, FailedJob | None]:
+        """Tell whether a try whose connection dropped stored ``outcome`` after all. A failure is
+        told exactly (FailedJob keeps the attempts); a row gone was this worker's doing only while
+        its lease holds (``Heartbeat.lease_safe``): else the outcome is never reported twice."""
+        if outcome.status == "failed":
+            failed_job = FailedJob.objects.filter(job_id=job.pk, attempts=job.attempts).first()
+            return failed_job is not None, failed_job
+        attempts = Job.objects.filter(pk=job.pk).values_list("attempts", flat=True).first()
+        changed = attempts is None if outcome.status == "succeeded" else attempts is None or attempts > job.attempts
+        if changed and not self.heartbeat.lease_safe(job):
+            logger.warning(
+                "outcome unknown job=%s id=%s attempt=%s: the database was out of reach for longer than its "
+                "retry_after, so another worker may have reclaimed and run it; not reported",
+                job.name,
+                job.pk,
+                job.attempts,
+            )
+            return False, None
+        return changed, None
 
 
 class Outcomes:
@@ -64,8 +257,8 @@ class Outcomes:
         self.batch_window = batch_window
         self.heartbeat, self.stats, self.history, self.outages = heartbeat, stats, history, outages
         self.sender = sender
-        # Succeeded, waiting for their batch's DELETE, since a monotonic time; and the
-        # result records of those that keep their results, saved with that DELETE.
+        # Succeeded, waiting for their batch's DELETE since ``done_since`` (monotonic), with the
+        # records of those that keep their results.
         self.done: list[tuple[Job, Outcome]] = []
         self.records: dict[int, TaskResultRecord] = {}
         self.done_since = 0.0
@@ -85,19 +278,33 @@ class Outcomes:
         return max(0.0, self.done_since + self.batch_window - time.monotonic()) if self.done else None
 
     def conclude(self, job: Job, outcome: Outcome, *, more: bool = False) -> None:
-        """Record the outcome of a job that ran (or batch its DELETE: ``more`` jobs of its
+        """Store the outcome of a job that ran (or batch its DELETE while ``more`` jobs of its
         claim wait to run), then report it."""
         if self.outages.connection_lost(job, outcome):
             outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True, counts_exception=False)
         duration = outcome.duration
         self.average_run = duration if self.average_run is None else 0.8 * self.average_run + 0.2 * duration
-        follow_ups = [] if outcome.status == "released" else self._follow_ups(job, outcome)
-        keep = handles.keeps_result(job.name)
-        if outcome.status == "succeeded" and not follow_ups:
-            if keep:
-                self.records[job.pk] = handles.outcome_record(
-                    job, status="succeeded", worker_id=self.worker_id, result=outcome.result
-                )
+        status = outcome.status
+        record = None
+        if handles.keeps_result(job.name):
+            record = handles.outcome_record(
+                job,
+                status={"succeeded": "succeeded", "failed": "failed"}.get(status, "waiting"),
+                worker_id=self.worker_id,
+                result=outcome.result,
+                error="" if outcome.given_back else outcome.error,
+                exception_class="" if outcome.given_back else outcome.exception_class,
+            )
+        follow_ups: list[Job] = []
+        # A cancelled job runs no on_failure callback; its remaining steps stay in FailedJob.
+        if status != "released" and not isinstance(outcome.exception, JobCancelled):
+            try:
+                follow_ups = rows.follow_ups(job, succeeded=status == "succeeded")
+            except Exception:  # a row's fault (JSON nested too deep) must not end the worker
+                logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
+        if status == "succeeded" and not follow_ups:
+            if record is not None:
+                self.records[job.pk] = record
             if not self.done:
                 self.done_since = time.monotonic()
             self.done.append((job, outcome))
@@ -105,34 +312,9 @@ class Outcomes:
             if more and time.monotonic() - self.done_since >= self.batch_window:
                 self.finish_done()
             return
-        stored, failed_job = self._store(job, outcome, follow_ups, keep=keep)
+        stored, failed_job = self.outages.store(job, outcome, follow_ups, record)
         self.heartbeat.drop(job)
         self._after_store(job, outcome, stored, failed_job)
-
-    def _follow_ups(self, job: Job, outcome: Outcome) -> list[Job]:
-        if isinstance(outcome.exception, JobCancelled):
-            # A cancelled job runs no on_failure callback; its remaining steps stay in FailedJob.
-            return []
-        try:
-            return rows.follow_ups(job, succeeded=outcome.status == "succeeded")
-        except Exception:  # a row's fault (JSON nested too deep) must not end the worker
-            logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
-            return []
-
-    def _store(
-        self, job: Job, outcome: Outcome, follow_ups: list[Job], *, keep: bool = False
-    ) -> tuple[bool | None, FailedJob | None]:
-        record = None
-        if keep:
-            record = handles.outcome_record(
-                job,
-                status={"succeeded": "succeeded", "failed": "failed"}.get(outcome.status, "waiting"),
-                worker_id=self.worker_id,
-                result=outcome.result,
-                error="" if outcome.given_back else outcome.error,
-                exception_class="" if outcome.given_back else outcome.exception_class,
-            )
-        return self.outages.store(job, outcome, follow_ups, record)
 
     def finish_done(self, *, tried: bool = False) -> None:
         """Delete the jobs that succeeded in one statement, then report each (``tried``: a
@@ -149,8 +331,7 @@ class Outcomes:
             self._after_store(job, outcome, None if deleted is None else job.pk in deleted, None)
 
     def _after_store(self, job: Job, outcome: Outcome, stored: bool | None, failed_job: FailedJob | None) -> None:
-        """Write the final progress and send the outcome's signal (neither changes what was
-        stored), then log it."""
+        """Count, write the final progress and send the outcome's signal, then log it."""
         status = outcome.status
         self.stats.ended(job, failed=bool(stored) and status == "failed")
         if stored:

@@ -1,24 +1,11 @@
-"""The executors a worker runs its claimed jobs on: ``Inline``, one slot in the main
-thread, or ``Pool``, N slots (``queue_work --threads N --async-concurrency M``):
-sync jobs in threads, ``async def`` jobs on one event loop.
+"""The N-slot executor (``queue_work --threads N --async-concurrency M``): sync jobs in threads,
+``async def`` jobs on one event loop; the main thread alone claims and stores outcomes.
 
-The worker's main thread stays the only one that claims jobs and stores outcomes;
-an executor only runs them, and hands back an ``Outcome`` per job, so a process that
-runs 32 jobs at once still deletes finished jobs and claims new ones with one
-statement per round trip.
-
-Timeouts, hard cancels, a second stop signal. No exception is ever raised into a
-job's thread: raised at an arbitrary point (inside a query, between a library's
-``lock.acquire()`` and its ``try``) it would leave a broken connection or a held
-lock to the thread's next jobs. The job is asked to stop instead (its context's
-``cancel_requested`` turns true, and ``check_cancelled()`` or ``progress()`` end it
-with that reason); while a thread job asked to stop runs on, no other job starts
-and the worker claims none. A job still running ``timeout_grace`` seconds later
-makes the worker end the process in order (``Worker._end_stuck``), for its
-supervisor (``--concurrency``, systemd, Kubernetes) to start a fresh one. An
-asyncio job is cancelled at its next ``await``, a point the job's code defines; one
-that blocks the loop is as stuck as such a thread. If the interpreter itself is
-blocked (C code holding the GIL), ``faulthandler`` ends the process a little later.
+No exception is raised into a job's thread (at an arbitrary point it would leave a broken
+connection or a held lock to the thread's next jobs): a job past its timeout, hard-cancelled or
+forced to stop is asked to (``cancel_requested``); while one runs on, no job starts and none is
+claimed; one still running ``timeout_grace`` later ends the process in order
+(``Worker._end_stuck``). An asyncio job is cancelled at its next ``await``.
 """
 
 from __future__ import annotations
@@ -41,7 +28,7 @@ from django.db import DatabaseError, connections
 
 from . import progress, registry
 from .db import caused_by_lost_connection, drop_connection
-from .exceptions import JobTimeout, WorkerStopped
+from .exceptions import WorkerStopped
 from .execution import (
     Defaults,
     Outcome,
@@ -52,6 +39,7 @@ from .execution import (
     ends_as_asked,
     hard_stop_later,
     outcome_of,
+    past_timeout,
     prepare_run,
     run_prepared,
 )
@@ -62,18 +50,15 @@ logger = logging.getLogger("django_dbqueue")
 
 # Seconds between two looks at the running jobs' deadlines.
 SCAN_INTERVAL = 0.1
-# Seconds the process-ending watchdog (faulthandler) leaves the worker to end a
-# stuck job in order before it ends the process itself; it fires only once no
-# thread could run Python code for half as long (see Pool._arm_last_resort).
+# Seconds faulthandler leaves the worker to end a stuck job in order before it ends the
+# process itself, once no thread could run Python code for half as long (_arm_last_resort).
 LAST_RESORT_SLACK = 10.0
 
 
 def connections_per_process(threads: int, async_slots: int) -> int:
-    """The most database connections one worker process opens: one per job thread
-    (opened by a job's first query), the main thread's (claims and outcomes), the
-    heartbeat's, the LISTEN connection (PostgreSQL), the progress writer, the
-    schedule ticker's (when schedules are declared), and with an event loop the
-    thread Django's ``sync_to_async`` runs ORM calls in."""
+    """The most database connections one worker process opens: one per job thread, the main
+    thread's, the heartbeat's, LISTEN's, the progress writer's, the ticker's, and with a loop
+    the thread ``sync_to_async`` runs ORM calls in."""
     if threads <= 1 and not async_slots:
         return 5  # jobs run on the main thread's connection
     return threads + 5 + (1 if async_slots else 0)
@@ -86,22 +71,19 @@ class Run:
     job: Job
     on_loop: bool
     prepared: Prepared | None = None
-    # Monotonic times: when the job is asked to stop (threads; asyncio enforces its
-    # own) and when the process is ended for it. None: no timeout.
+    # Monotonic: when it is asked to stop (threads; asyncio enforces its own), when its
+    # process ends for it. None: no timeout.
     soft_at: float | None = None
     hard_at: float | None = None
-    # Why the job was asked to stop (timeout, hard cancel, forced stop): what it ends
-    # with if it stops, or is recorded with if its process ends for it.
+    # Why it was asked to stop: what it ends with, or is recorded with if its process ends.
     reason: BaseException | None = None
-    # The thread that runs it, set as it starts.
     thread: _Thread | None = None
-    # Set as its outcome is handed back: its deadlines no longer apply, however long
-    # the worker takes to collect it (it may be waiting for the database).
+    # Its outcome was handed back: its deadlines no longer apply.
     ended: bool = False
     task: asyncio.Task[Any] | None = None
 
     def start_clock(self, defaults: Defaults) -> None:
-        """Set the run's deadlines as it starts (the worker's scan watches them)."""
+        """Set the run's deadlines as it starts."""
         seconds = self.job.timeout or defaults.timeout
         if seconds:
             if not self.on_loop:
@@ -115,8 +97,7 @@ class Executor(Protocol):
     @property
     def capacity(self) -> int: ...  # slots: jobs run at once
 
-    # Set when the worker stops starting jobs: those not started come back unrun.
-    stopping: bool
+    stopping: bool  # set when the worker stops starting jobs: those not started come back unrun
 
     @property
     def busy(self) -> int: ...  # handed over and not collected: running or waiting for a slot
@@ -137,7 +118,7 @@ class Executor(Protocol):
 
 
 class _Thread:
-    """One pool thread: runs jobs from the pool's queue, one at a time."""
+    """One pool thread: runs jobs from the pool's queue one at a time."""
 
     def __init__(self, pool: Pool, number: int) -> None:
         self.pool = pool
@@ -154,8 +135,7 @@ class _Thread:
                 # Not while a job asked to stop runs on: its process may end for it.
                 pool._may_start.wait()
                 outcome: Outcome | None = None
-                # Taken before the look at ``stopping``: a worker that stops gives back only
-                # the runs no thread took (see Worker._release_claimed).
+                # Before the look at ``stopping``: a stopping worker gives back the runs no thread took.
                 run.thread = self
                 try:
                     if not pool.stopping:
@@ -178,17 +158,14 @@ class _Thread:
                 return prepared
             run.prepared = prepared
             if run.reason is not None:
-                # Asked to stop (a forced stop, a hard cancel) before it started.
                 return outcome_of(prepared, run.reason, pool.defaults)
             return run_prepared(prepared, pool.defaults, self)
         finally:
             self.run = None
             _reset_connections(run)
 
-    # -- the timer interface execution.run_prepared uses (see JobTimer) --------
-
     def limit(self, prepared: Prepared, seconds: int | None) -> AbstractContextManager[None]:
-        # The deadlines were set as the run started; the main thread watches them.
+        """The ``execution.Timer`` of a pool run: the main thread watches its deadlines."""
         run = self.run
         assert run is not None
         return ends_as_asked(lambda: run.reason)
@@ -201,12 +178,8 @@ def _internal_error(run: Run, exc: BaseException) -> Outcome:
 
 
 def _reset_connections(run: Run) -> None:
-    """Leave this thread's database connections fit for the next job.
-
-    A job that left a transaction open, or changed autocommit, gets its
-    connection closed; a broken one is closed (the next job opens a fresh one).
-    A healthy connection stays open: a job thread is long-lived, like the worker.
-    """
+    """Close this thread's connections that a job left in a transaction, or broken; a healthy
+    one stays open for the thread's next job."""
     for connection in connections.all(initialized_only=True):
         if connection.connection is None:
             continue
@@ -247,41 +220,32 @@ class Pool:
         self.async_slots = async_slots
         self.defaults = defaults
         self.worker_id = worker_id
-        # heartbeat.cancel_level(job): the cancel request seen for a job.
-        self._cancel_level = cancel_level
-        # Called from any thread when an outcome is ready.
-        self._wake = wake
+        self._cancel_level = cancel_level  # heartbeat.cancel_level
+        self._wake = wake  # called from any thread when an outcome is ready
         self._thread_jobs: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
-        # Cleared while a thread job asked to stop runs on (see check_deadlines): no
-        # thread starts a job then, since the process may end for that one.
+        # Cleared while a thread job asked to stop runs on: the process may end for it.
         self._may_start = threading.Event()
         self._may_start.set()
-        # Outcomes to collect; None: the job was not started (the pool is stopping).
+        # Outcomes to collect; None: not started (the pool is stopping).
         self._outcomes: collections.deque[tuple[Run, Outcome | None]] = collections.deque()
-        # Set when the worker stops: jobs not started yet come back unrun.
         self.stopping = False
-        # Set once jobs still running were given up on (``abandon``).
-        self._abandoned = False
-        # Loop jobs: what is to be started in the loop's thread, and its slots (made there).
+        self._abandoned = False  # jobs still running were given up on
+        # Runs to start in the loop's thread, and its slots (made there).
         self._to_loop: list[Run] = []
         self._loop_slots: asyncio.Semaphore | None = None
         self._pool_threads: list[_Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        # Job id -> its run, for every job handed to the pool and not collected yet.
+        # Job id -> its run, for every job handed over and not collected.
         self.runs: dict[int, Run] = {}
-        # When check_deadlines next scans the runs (monotonic).
         self._next_scan = 0.0
-        # The process-ending watchdog (see _arm_last_resort): when it is armed to fire
-        # (monotonic; 0: not armed), the soonest it may (the earliest hard stop plus the
-        # slack), and the thread that pushes it back while the interpreter runs.
+        # The last resort (_arm_last_resort): when armed to fire (0: not), the soonest it may,
+        # and the thread that pushes it back while the interpreter runs.
         self._last_resort_at = 0.0
         self._last_resort_due = 0.0
         self._last_resort_lock = threading.Condition()
         self._last_resort_keeper: threading.Thread | None = None
         self._writer: AbstractContextManager[None] = nullcontext()
-
-    # -- life ------------------------------------------------------------------
 
     def __enter__(self) -> Pool:
         """Start the threads and the loop; all jobs write progress through one connection."""
@@ -312,10 +276,8 @@ class Pool:
         self._may_start.set()
         for _ in self._pool_threads:
             self._thread_jobs.put(None)
-        if self._abandoned:
-            # A thread may still run a job that did not stop: waiting for it is in vain.
-            wait = 0.0
-        deadline = time.monotonic() + wait
+        # A thread may still run a job that did not stop: waiting for it is in vain.
+        deadline = time.monotonic() + (0.0 if self._abandoned else wait)
         for pool_thread in self._pool_threads:
             pool_thread.thread.join(max(0.0, deadline - time.monotonic()))
         if self._loop is not None and self._loop_thread is not None:
@@ -331,11 +293,8 @@ class Pool:
                 self._loop.close()
         self._disarm_last_resort()
 
-    # -- capacity ----------------------------------------------------------------
-
     @property
     def busy(self) -> int:
-        """Jobs handed to the pool and not collected: running, or waiting for a slot."""
         return len(self.runs)
 
     @property
@@ -352,17 +311,13 @@ class Pool:
             return False
         return inspect.iscoroutinefunction(definition.func)
 
-    # -- running -------------------------------------------------------------------
-
     def submit(self, jobs: list[Job]) -> None:
-        """Hand claimed ``jobs`` to the pool: each runs on the first free thread (sync
-        jobs) or loop slot (async jobs), first come first served."""
+        """Run each of ``jobs`` on the first free thread (sync jobs) or loop slot (async jobs)."""
         for job in jobs:
             run = Run(job, on_loop=False)
             self.runs[job.pk] = run
             if self._runs_on_loop(job):
-                # Prepared here (it may fetch model arguments through the ORM, which the
-                # loop's thread may not), then started on the loop.
+                # Prepared here: model arguments come through the ORM, which the loop may not use.
                 prepared = prepare_run(
                     job, worker_id=self.worker_id, defaults=self.defaults, cancel_probe=self._cancel_probe(run)
                 )
@@ -381,8 +336,7 @@ class Pool:
             self._loop.call_soon_threadsafe(self._start_tasks, runs)
 
     def _start_tasks(self, runs: list[Run]) -> None:
-        # In the loop's thread.
-        assert self._loop is not None
+        assert self._loop is not None  # in the loop's thread
         if self._loop_slots is None:
             self._loop_slots = asyncio.Semaphore(self.async_slots)
         for run in runs:
@@ -397,7 +351,7 @@ class Pool:
                     run.start_clock(self.defaults)
                     outcome = await arun_prepared(run.prepared, self.defaults)
         except asyncio.CancelledError:
-            # Cancelled while it waited for a slot: a forced stop (not started), or a cancel.
+            # While it waited for a slot: a forced stop (not started), or a cancel.
             reason = cancel_reason(run.task)
             if reason is not None and not isinstance(reason, WorkerStopped):
                 outcome = outcome_of(run.prepared, reason, self.defaults)
@@ -406,12 +360,10 @@ class Pool:
         self._finished(run, outcome)
 
     def _finished(self, run: Run, outcome: Outcome | None) -> None:
-        # Any thread. deque.append is atomic.
-        if outcome is None:
-            pass
-        elif outcome.exception is not None and not run.on_loop and caused_by_lost_connection(outcome.exception):
-            # The job's own connection broke: the thread opens a fresh one for its next job.
-            drop_connection()
+        # Any thread (deque.append is atomic).
+        if outcome is not None and outcome.exception is not None and not run.on_loop:
+            if caused_by_lost_connection(outcome.exception):
+                drop_connection()  # the thread's next job opens a fresh one
         run.ended = True
         self._outcomes.append((run, outcome))
         self._wake()
@@ -432,17 +384,12 @@ class Pool:
         return bool(self._outcomes)
 
     def _cancel_probe(self, run: Run) -> Callable[[], int]:
-        """What the job's ``context.cancel_requested`` reads: a cancel request, or the
-        worker's own request to stop (timeout, hard cancel, forced stop)."""
+        """What ``context.cancel_requested`` reads: a cancel request, or the worker's own."""
         return lambda: self._cancel_level(run.job) or (1 if run.reason is not None else 0)
 
-    # -- asking jobs to stop -----------------------------------------------------------
-
     def ask_to_stop(self, job: Job, reason: BaseException) -> bool:
-        """Ask ``job``'s run to stop with ``reason`` (a hard cancel, a forced stop); the
-        process is ended for it if it still runs ``timeout_grace`` seconds later. An
-        asyncio job is cancelled at its next ``await``. False if the pool does not run
-        that reservation of the job now."""
+        """Ask this reservation of ``job`` to stop with ``reason``, and end the process if it
+        runs ``timeout_grace`` seconds later; False if the pool does not run it."""
         run = self.runs.get(job.pk)
         if run is None or run.job.attempts != job.attempts:
             return False
@@ -451,15 +398,13 @@ class Pool:
         if run.reason is None:
             run.reason = reason
         if run.on_loop and self._loop is not None:
-            # Scheduled after the task's start: run.task is set by then.
+            # After the task's start (call_soon is first in, first out): run.task is set.
             self._loop.call_soon_threadsafe(self._cancel_task, run, reason)
-        # A thread job sees it at its next look; one not started ends with it as it starts.
         self._next_scan = 0.0
         return True
 
     @staticmethod
     def _cancel_task(run: Run, reason: BaseException) -> None:
-        # In the loop's thread, after the task's creation (call_soon is first in, first out).
         if run.task is not None and not run.task.done():
             cancel_task(run.task, reason)
 
@@ -469,17 +414,11 @@ class Pool:
 
     @property
     def draining(self) -> bool:
-        """Tell whether a thread job asked to stop runs on: no job starts, none is claimed."""
         return not self._may_start.is_set()
 
     def check_deadlines(self) -> tuple[Run | None, float | None]:
-        """Ask thread jobs past their timeout to stop; return a job still running past
-        its timeout plus grace (the process must end), and when to look again.
-
-        The runs are scanned at most every ``SCAN_INTERVAL`` seconds (a deadline is
-        set by the thread or loop that starts the run, so the worker cannot know
-        it sooner), and not at all while the pool is empty.
-        """
+        """Ask thread jobs past their timeout to stop; return a run past its grace (the process
+        must end) and when to look again (every ``SCAN_INTERVAL`` at most, while jobs run)."""
         now = time.monotonic()
         if not self.runs:
             self._may_start.set()
@@ -496,14 +435,8 @@ class Pool:
             if run.hard_at is not None and run.hard_at <= now:
                 stuck = stuck or run
             elif run.soft_at is not None and run.soft_at <= now and run.reason is None and run.thread is not None:
-                seconds = run.job.timeout or self.defaults.timeout
-                run.reason = JobTimeout(f"the job ran longer than its timeout of {seconds} s and was stopped")
-                logger.warning(
-                    "job=%s id=%s ran past its timeout of %ss: asked to stop; its process ends in %ss unless it does",
-                    run.job.name,
-                    run.job.pk,
-                    seconds,
-                    self.defaults.timeout_grace,
+                run.reason = past_timeout(
+                    run.job, run.job.timeout or self.defaults.timeout, self.defaults.timeout_grace
                 )
             draining = draining or (run.reason is not None and run.thread is not None)
         if draining:
@@ -514,16 +447,9 @@ class Pool:
         return stuck, self._next_scan
 
     def _arm_last_resort(self) -> None:
-        """Keep faulthandler's watchdog armed for what the worker cannot end itself: an
-        interpreter blocked (C code holding the GIL) past a job's hard stop.
-
-        It fires no sooner than ``LAST_RESORT_SLACK`` seconds after the earliest hard
-        stop of a run still running, and only once no Python code could run for half
-        that slack: a keeper thread pushes it back for as long as it can run. So a
-        worker that waits for the database (a claim, an outcome to record, a
-        reconnect), however long, is not ended by it; it ends a stuck job itself
-        once it is back (see ``check_deadlines``).
-        """
+        """Arm faulthandler for an interpreter blocked (C code holding the GIL) past a hard stop:
+        ``LAST_RESORT_SLACK`` after the earliest, and only once no Python code ran for half that
+        slack (a keeper thread pushes it back), so a worker that waits for the database is spared."""
         earliest = min(
             (run.hard_at for run in self.runs.values() if run.hard_at is not None and not run.ended), default=None
         )
@@ -540,12 +466,11 @@ class Pool:
                 self._last_resort_keeper.start()
 
     def _keep_last_resort(self, now: float) -> None:
-        """Arm the watchdog to fire ``LAST_RESORT_SLACK`` seconds from ``now``, or at its
-        due time if later; under ``_last_resort_lock``."""
+        """Arm it ``LAST_RESORT_SLACK`` from ``now``, or at its due time if later (under the lock)."""
         soonest = max(self._last_resort_due, now + LAST_RESORT_SLACK / 2)
         wanted = max(self._last_resort_due, now + LAST_RESORT_SLACK)
-        # Re-arming starts a thread (faulthandler's): keep an arming that fires no
-        # sooner than it may, and at most one more slack after it must.
+        # Re-arming starts faulthandler's thread: keep an arming that fires late enough, and
+        # at most one slack later than it must.
         if soonest <= self._last_resort_at <= wanted + LAST_RESORT_SLACK:
             return
         hard_stop_later(wanted - now)
@@ -553,8 +478,8 @@ class Pool:
         self._last_resort_lock.notify()
 
     def _last_resort_keeper_main(self) -> None:
-        """Push the armed watchdog back whenever it gets within half a slack of firing:
-        that this thread runs shows that the interpreter is not blocked."""
+        """Push the arming back within half a slack of firing: that this runs shows the
+        interpreter is not blocked."""
         with self._last_resort_lock:
             try:
                 while self._last_resort_at:
@@ -574,8 +499,7 @@ class Pool:
                 self._last_resort_lock.notify()
 
     def abandon(self) -> list[Run]:
-        """Forget every job still handed out (their threads or tasks may still run);
-        return their runs, for the worker to record or give back."""
+        """Forget every job handed out (threads or tasks may still run it); return their runs."""
         runs = list(self.runs.values())
         self.runs.clear()
         self._abandoned = self._abandoned or bool(runs)

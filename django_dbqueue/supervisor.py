@@ -1,10 +1,5 @@
-"""``queue_work --concurrency N``: N worker processes under one supervising process.
-
-The supervisor forks the workers, forwards SIGTERM and SIGINT to them, and
-starts a new one when one dies or asks to be recycled (``--max-jobs``,
-``--memory``), or ends after a job that did not stop at its timeout or a hard
-cancel (``EXIT_TIMED_OUT``). When a worker dies, the jobs it held are released or failed at
-once instead of waiting for their ``retry_after``.
+"""``queue_work --concurrency N``: N worker processes under one supervisor, which forwards SIGTERM
+and SIGINT, starts a new one when one dies or recycles, and reclaims a dead one's jobs at once.
 """
 
 from __future__ import annotations

@@ -27,8 +27,7 @@ from .inline import Inline
 from .listener import Listener
 from .models import CANCEL_HARD, Job
 from .operations import restart_marker
-from .outages import Outages
-from .outcomes import Outcomes, ending
+from .outcomes import Outages, Outcomes, ending
 from .pool import Executor, Pool, Run
 from .schedules import Ticker
 
@@ -38,21 +37,18 @@ logger = logging.getLogger("django_dbqueue")
 RESTART_CHECK_INTERVAL = 2.0
 # Seconds between two prunes of old rows by an idle worker.
 PRUNE_INTERVAL = 600.0
-# A claim takes about as many jobs as the worker's slots run in this many seconds
-# (by the recent average run), so jobs never wait long in one worker while another
-# is free; and jobs that succeeded wait at most about this long for their DELETE.
+# A claim takes about as many jobs as the slots run in this many seconds (so none waits long
+# in one worker while another is free); succeeded jobs wait about as long for their DELETE.
 BATCH_WINDOW = 0.05
 # queue_work --batch: the most jobs claimed at once per slot.
 DEFAULT_BATCH = 10
-# Seconds a stopping worker goes on starting the jobs it has claimed (rather than
-# give them back) before it gives the rest back.
+# Seconds a stopping worker goes on starting the jobs it claimed before it gives the rest back.
 STOP_FINISH = 1.0
 # queue_work --threads and --async-concurrency: the most allowed (a typo guard).
 MAX_THREADS = 512
 MAX_ASYNC = 10_000
-# A worker exits with this code after a job it asked to stop (its timeout, a hard
-# cancel) ran on past its grace: it recorded that job and gave back the others, and
-# its supervisor starts a fresh process (see pool, inline.JobTimer).
+# The exit code after a job asked to stop ran on past its grace (recorded, the others given
+# back): the supervisor starts a fresh process.
 EXIT_TIMED_OUT = 77
 
 
@@ -79,19 +75,13 @@ class WorkerOptions:
     memory: int | None = None
     stop_when_empty: bool = False
     once: bool = False
-    # Most jobs claimed at once per slot; those not yet running wait in this worker,
-    # covered by its heartbeat.
-    batch: int = DEFAULT_BATCH
+    batch: int = DEFAULT_BATCH  # most jobs claimed at once per slot
     batch_window: float = BATCH_WINDOW
-    # Set by a supervisor: stop when this process is no longer our parent.
-    parent_pid: int | None = None
-    # Sync jobs run in this many threads, and up to ``async_concurrency`` ``async def``
-    # jobs on one event loop (see pool); one thread and no loop: one at a time, in the
-    # main thread.
+    parent_pid: int | None = None  # set by a supervisor: stop once it is no longer our parent
+    # Sync jobs in this many threads, ``async def`` ones on one loop (pool); else the main thread.
     threads: int = 1
     async_concurrency: int = 0
-    # Tick the periodic schedules declared in code (schedules.Ticker).
-    schedule: bool = True
+    schedule: bool = True  # tick the schedules declared in code
 
     @property
     def pooled(self) -> bool:
@@ -107,7 +97,6 @@ class Worker:
         self.processed = 0
         self.stop_requested = False
         self._signals = 0
-        # The queues of this worker claimed with limits (see _flow_switched).
         self._flowing: frozenset[str] = frozenset()
         self._restart_seen: datetime | None = None
         self._restart_checked = 0.0
@@ -115,7 +104,7 @@ class Worker:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._listener = Listener.configured()
-        # Written into the worker's row and the history by the heartbeat (workers.py, history.py).
+        # Written into the worker's row and the history by the heartbeat.
         self.stats = workers.Stats()
         self.history = history.Recorder()
         self.heartbeat = Heartbeat(
@@ -144,7 +133,6 @@ class Worker:
             self.heartbeat,
             wait=lambda seconds: self.wait(seconds, until_stop=False),
             forced=lambda: self._signals >= 2,
-            # Not once the process gave up its jobs to end: none may start then.
             meanwhile=lambda: self.executor.busy and self.executor.check_deadlines(),
         )
         self.outcomes = Outcomes(
@@ -157,13 +145,10 @@ class Worker:
             sender=Worker,
         )
 
-    # -- the loop ------------------------------------------------------------
-
     def run(self) -> StopReason:
         """Process jobs until a stop condition; return why the worker stopped."""
         started = time.monotonic()
-        # Read before the line that says the worker runs, so a queue_restart sent
-        # after that line always reaches this worker.
+        # Before "worker started": a queue_restart sent after that line reaches this worker.
         self._restart_seen = self._read_restart_marker()
         self._restart_checked = started
         watch_network()
@@ -199,10 +184,8 @@ class Worker:
 
     def _loop(self, started: float) -> StopReason:
         executor, options = self.executor, self.options
-        # Once a stop condition is seen: it, and since when.
-        stopping: tuple[StopReason, float] | None = None
-        # No claim before then (monotonic): the queue was found empty.
-        next_claim = 0.0
+        stopping: tuple[StopReason, float] | None = None  # the stop condition seen, and since when
+        next_claim = 0.0  # no claim before then: the queue was found empty
         finished = False
         while True:
             stuck, next_look = executor.check_deadlines()
@@ -211,10 +194,8 @@ class Worker:
             if stopping is None and (reason := self._stop_reason(started, finished)) is not None:
                 stopping = (reason, time.monotonic())
             if stopping is not None:
-                # The jobs claimed and not started run (a claim is about batch_window of
-                # work) rather than go back: all of them after --max-jobs or --once (they are
-                # the last), none over --memory, else for STOP_FINISH seconds at most; none
-                # after a second stop signal.
+                # Claimed jobs run rather than go back: all after --max-jobs or --once, none over
+                # --memory or after a second signal, else for STOP_FINISH seconds.
                 reason, since = stopping
                 if self._signals >= 2 or reason is StopReason.MEMORY:
                     executor.stopping = True
@@ -248,17 +229,14 @@ class Worker:
                 next_claim = time.monotonic() + self._sleep()
             if self.outcomes.delete_due() == 0:
                 self.outcomes.finish_done()
-            # Until a job ends, a deadline, a signal; and, to claim again after an empty
-            # claim, a NOTIFY or --sleep.
+            # Until a job ends, a deadline, a signal; after an empty claim, a NOTIFY or --sleep.
             claim_in = next_claim - time.monotonic() if want > 0 else None
             if self._wait_for_outcomes(next_look, claim_in, listen=claim_in is not None):
                 next_claim = 0.0
 
     def _claim_size(self) -> int:
-        """How many jobs to claim: none while a job asked to stop runs on (the process may
-        end for it) or one slot has jobs left (a pool claims while its slots run); else one
-        per free slot plus what the slots run in about ``batch_window``, so a freed slot
-        finds its next job waiting; at most ``--batch`` per slot; one with ``--once``."""
+        """How many jobs to claim: none while draining or one slot has jobs left; else one per
+        free slot plus what the slots run in ``batch_window``, ``--batch`` per slot at most."""
         executor, options = self.executor, self.options
         slots, busy = executor.capacity, executor.busy
         if executor.draining or (slots == 1 and busy):
@@ -274,8 +252,7 @@ class Worker:
         return max(0, want)
 
     def _wait_for_outcomes(self, next_look: float | None, at_most: float | None, *, listen: bool = False) -> bool:
-        """Wait for an outcome (a pool pokes the wake pipe), a signal, the next deadline
-        to look at, or ``at_most`` seconds; tell whether a NOTIFY came."""
+        """Wait for an outcome, a signal, the next deadline or ``at_most`` seconds; tell whether a NOTIFY came."""
         if self.executor.has_outcomes:
             return False
         seconds = 60.0 if at_most is None else at_most
@@ -312,9 +289,8 @@ class Worker:
         return None
 
     def _idle(self) -> StopReason | None:
-        """The claim found nothing and nothing runs: stop (``--once``, ``--stop-when-empty``),
-        or prune old rows now and then and wait for work (``--sleep``, or a NOTIFY); not if
-        the claim ran out of rounds (``retry_in`` is 0): then it claims again at once."""
+        """Nothing claimed, nothing runs: stop, or prune now and then and wait for work; not if the
+        claim ran out of rounds (``retry_in`` is 0)."""
         if retry_in() == 0:
             return None
         if self.options.once:
@@ -326,16 +302,13 @@ class Worker:
         return None
 
     def _sleep(self) -> float:
-        """Seconds to wait after an empty claim: ``--sleep``, or less when a job held back
-        by a rate limit may start sooner."""
+        """Seconds to wait after an empty claim: ``--sleep``, or less for a rate-limited job."""
         hint = retry_in()
         return self.options.sleep if hint is None else min(self.options.sleep, hint)
 
-    # -- claims --------------------------------------------------------------
-
     def reserve(self, limit: int = 1) -> list[Job]:
-        """Finish the jobs that succeeded and claim up to ``limit`` more, in one statement
-        where the database allows; on a database error, log, wait and return none."""
+        """Delete the jobs that succeeded and claim up to ``limit`` more, in one statement where
+        the database allows; on a database error, log, wait and return none."""
         done = self.outcomes.take_done()
         try:
             if self.outages.claim_errors:
@@ -358,19 +331,15 @@ class Worker:
         self.outages.claim_errors = 0
         self.outcomes.report_done(done, deleted)
         if not jobs and self._flow_switched():
-            # The plain claim met jobs with limits and gave them back: they wait for the
-            # flow claim, which takes them now (not an empty queue).
+            # The plain claim gave back jobs with limits: the flow claim takes them now.
             return self.reserve(limit)
         return jobs
 
     def _flow_switched(self) -> bool:
-        """Tell whether one of this worker's queues moved to the flow claim since the last
-        look (``claims.plain_claimed`` does so when it gives back a job with limits)."""
+        """Tell whether one of this worker's queues moved to the flow claim since the last look."""
         flowing = frozenset(queue for queue in self.options.queues if uses_flow_claim(queue))
         switched, self._flowing = flowing != self._flowing, flowing
         return switched
-
-    # -- one job -------------------------------------------------------------
 
     def process(self, job: Job) -> None:
         """Run a claimed job and record its outcome (a one-slot worker: here and now)."""
@@ -378,8 +347,7 @@ class Worker:
         self._collect()
 
     def _submit(self, jobs: list[Job]) -> None:
-        """Hand claimed jobs to the executor (the heartbeat covers each until its outcome is
-        stored); a job that carries a cancel request ends at once."""
+        """Hand claimed jobs to the executor, covered by the heartbeat; a cancelled one ends at once."""
         self.heartbeat.hold(jobs)
         runnable = []
         for job in jobs:
@@ -399,8 +367,8 @@ class Worker:
         self.executor.submit(runnable)
 
     def _collect(self) -> bool:
-        """Record the outcomes of the jobs that ended (one slot: run the next one now), give
-        back those not started; tell whether any ended."""
+        """Record the outcomes of the jobs that ended (one slot: run the next now), give back those
+        not started; tell whether any ended."""
         finished = self.executor.collect()
         for job, outcome in finished:
             self.heartbeat.stopped(job)
@@ -447,19 +415,14 @@ class Worker:
         self.heartbeat.drop(job)
 
     def _on_cancel(self, job: Job, level: int) -> None:
-        """From the heartbeat's thread, when a cancel request for ``job`` is seen: a hard one
-        asks that reservation of the job to stop (the executor compares its id and
-        attempts with what runs, so it never reaches a job started since), and ends its
-        process if it runs on."""
+        """From the heartbeat's thread: a hard cancel asks this reservation of ``job`` to stop."""
         if level >= CANCEL_HARD:
             self.executor.ask_to_stop(job, JobCancelled(f"{job.name} (job {job.pk}) was cancelled and stopped (hard)"))
 
     def _end_stuck(self, stuck: Run, runs: list[Run]) -> NoReturn:
-        """A job asked to stop (its timeout, a hard cancel, a second stop signal) runs on past
-        its grace, or blocks the event loop: record those asked to stop for a timeout or a
-        cancel while their leases hold, give back every other job of this process, and end
-        it. In the main thread (a pool), or the timer's (one slot: the main thread never
-        comes back from that job)."""
+        """A job asked to stop runs on past its grace (or blocks the loop): record those asked for
+        a timeout or a cancel, give back every other job, end the process (from the main
+        thread, or the timer's for one slot)."""
         recorded = [
             run
             for run in runs
@@ -485,12 +448,11 @@ class Worker:
                     logger.warning("job=%s id=%s did not stop: given back", run.job.name, run.job.pk)
                 self._give_back(run.job)
                 continue
-            outcome = ending(run, self.options.defaults)
-            self._conclude(run.job, outcome)
+            self._conclude(run.job, ending(run, self.options.defaults))
         self.outcomes.finish_done()
         self.heartbeat.unregister()
-        reason_ = StopReason.TIMED_OUT if recorded else StopReason.SIGNAL
-        logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason_.value, self.processed)
+        reason = StopReason.TIMED_OUT if recorded else StopReason.SIGNAL
+        logger.info("worker stopped worker_id=%s reason=%s processed=%s", self.worker_id, reason.value, self.processed)
         # Threads that may still run a stuck job must not hold the exit up.
         logging.shutdown()
         os._exit(EXIT_TIMED_OUT if recorded else 0)
@@ -498,8 +460,6 @@ class Worker:
     def _conclude(self, job: Job, outcome: Outcome) -> None:
         self.stats.stopped(job)
         self.outcomes.conclude(job, outcome, more=self.executor.busy > 0)
-
-    # -- upkeep ------------------------------------------------------------------
 
     def _prune(self) -> None:
         if time.monotonic() - self._pruned >= PRUNE_INTERVAL:
@@ -520,14 +480,10 @@ class Worker:
         try:
             return restart_marker()
         except DatabaseError:
-            # The claim reports and handles database trouble.
-            return self._restart_seen
-
-    # -- waiting and signals -------------------------------------------------------
+            return self._restart_seen  # the claim reports database trouble
 
     def wait(self, seconds: float, *, until_stop: bool = True, listen: bool = False) -> bool:
-        """Sleep up to ``seconds``; a stop signal wakes the worker at once, and with
-        ``listen`` so does a new job (PostgreSQL NOTIFY): then return True."""
+        """Sleep up to ``seconds``, woken by a stop signal, and with ``listen`` by a NOTIFY (then True)."""
         if seconds <= 0 or (until_stop and self.stop_requested):
             return False
         self.executor.pause()
@@ -561,8 +517,7 @@ class Worker:
         if self._signals == 1:
             logger.info("stopping worker_id=%s signal=%s: finishing the current job", self.worker_id, name)
         elif self.executor.busy:
-            # Asked, never raised into a job: it stops by itself (and is released), or is
-            # given back once its grace is over and the process exits.
+            # Asked, never raised into a job: it stops, or is given back after its grace.
             logger.warning(
                 "stopping now worker_id=%s: asking %s job(s) to stop, given back in %ss unless they do",
                 self.worker_id,
@@ -582,8 +537,7 @@ class Worker:
             for stop_signal in (signal.SIGTERM, signal.SIGINT):
                 previous[stop_signal] = signal.signal(stop_signal, self._on_signal)
         except ValueError:
-            # Not the main thread: stop only through request_stop().
-            pass
+            pass  # not the main thread: stop only through request_stop()
         try:
             yield
         finally:

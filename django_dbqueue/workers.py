@@ -1,16 +1,7 @@
-"""Live workers: one ``QueueWorker`` row per worker process, so operators (the admin's
-dashboard, ``queue_monitor``, ``queue_health``, the metrics view) see who serves
-which queues, how much each did, and what it runs now.
-
-A worker writes its row as it starts, its heartbeat refreshes it every
-``beat_seconds()`` (``DBQUEUE["WORKER_BEAT"]``), and it deletes it as it stops. A
-killed worker's row is **dead** once ``last_seen_at`` is ``dead_after()`` (three
-beats) old: idle workers then release or fail its reservations at once (early
-reclaim), and delete the row after ``PRUNE_AFTER``. Both times are the database's,
-so skewed host clocks do not matter; and a worker that could not refresh its row
-for ``dead_after()`` counts its own reservations as possibly taken
-(``Heartbeat.lease_safe``), so it never reports an outcome another worker may have
-produced.
+"""Live workers: one ``QueueWorker`` row per worker process (who serves which queues, how much
+each did, what runs now). A worker writes it as it starts, its heartbeat refreshes it every
+``beat_seconds()``, it deletes it as it stops. A row ``dead_after()`` old (database clock) is
+dead: idle workers reclaim its jobs at once, and prune the row after ``PRUNE_AFTER``.
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ from .models import FlowLimit, Job, QueueWorker
 
 logger = logging.getLogger("django_dbqueue")
 
-# A row not refreshed for this many seconds belongs to a worker that is gone
-# (``queue_monitor``'s "no live worker"); see ``dead_after`` for the reclaim.
+# Seconds after which a row not refreshed belongs to a worker gone (``queue_monitor``).
 LIVE_FOR = 60.0
 # Seconds after which idle workers delete the rows of workers that are gone.
 PRUNE_AFTER = 3600.0
@@ -61,8 +51,7 @@ def dead_after() -> float:
 
 
 class Stats:
-    """What a worker writes into its row with each beat; updated by the worker's
-    threads, read by its heartbeat thread."""
+    """What a worker writes into its row with each beat (any thread writes, the heartbeat reads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -76,7 +65,7 @@ class Stats:
             self._running[job.pk] = (time.monotonic(), job.name)
 
     def stopped(self, job: Job) -> None:
-        """The run of ``job`` ended (its outcome may wait for the next batched DELETE)."""
+        """The run of ``job`` ended (its outcome may wait for a batched DELETE)."""
         with self._lock:
             self._running.pop(job.pk, None)
 
@@ -161,8 +150,7 @@ _reclaimed_at = 0.0
 
 
 def reclaim_dead(*, default_tries: int | None = None) -> int:
-    """Release or fail the jobs held by dead workers, at most once per beat per process;
-    return how many. Called by idle workers with the reclaim of expired reservations."""
+    """Release or fail the jobs held by dead workers, at most once per beat per process; return how many."""
     global _reclaimed_at
     if time.monotonic() - _reclaimed_at < beat_seconds():
         return 0
@@ -190,13 +178,8 @@ def reclaim_dead(*, default_tries: int | None = None) -> int:
 
 
 def postpone_reclaim() -> None:
-    """Reclaim no dead worker's jobs in this process for ``dead_after()`` seconds from now.
-
-    Called by a worker that lost its database connection: when the database is
-    back, every worker's row went unrefreshed for as long as it was away, and
-    reads as dead until that worker's next beat; its jobs are not to be taken
-    from it meanwhile.
-    """
+    """Reclaim no dead worker's jobs in this process for ``dead_after()`` seconds: after an outage
+    every row reads as dead until its worker's next beat."""
     global _reclaimed_at
     _reclaimed_at = max(_reclaimed_at, time.monotonic() + dead_after() - beat_seconds())
 
@@ -211,16 +194,14 @@ def forget_reclaim() -> None:
     _reclaimed_at = 0.0
 
 
-# Hours after which the rows pruned without a setting go: worker rows of workers gone
-# that long, and flow-limit rows no claim used for a day (a rate bucket is full again
-# long before; a concurrency key no job names holds no slot).
+# Hours after which rows pruned without a setting go (a flow-limit row unused for a day holds
+# no slot, and its rate bucket is full again long before).
 FIXED_PRUNE_HOURS = {"worker rows": PRUNE_AFTER / 3600, "flow limit rows": 24.0}
 
 
 def prune_old_rows() -> None:
-    """Delete old rows (an idle worker does, now and then): progress, results and history
-    as DBQUEUE["PROGRESS_MAX_AGE"], ["RESULT_MAX_AGE"] and ["HISTORY_MAX_AGE"] say, and
-    the rows of ``FIXED_PRUNE_HOURS``."""
+    """Delete old rows (an idle worker does, now and then): as ``DBQUEUE["PROGRESS_MAX_AGE"]``,
+    ``["RESULT_MAX_AGE"]``, ``["HISTORY_MAX_AGE"]`` and ``FIXED_PRUNE_HOURS`` say."""
     for setting, what, prune_rows in (
         ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
         ("RESULT_MAX_AGE", "results", handles.prune_results),

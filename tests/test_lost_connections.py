@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from django_dbqueue.models import FailedJob, Job
-from django_dbqueue.outages import MAX_GIVE_BACKS
+from django_dbqueue.outcomes import MAX_GIVE_BACKS
 from tests.conftest import claim, kill_session, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Attempt, Run

@@ -16,7 +16,7 @@ import time
 import pytest
 from django.db import connection
 
-from django_dbqueue.outages import DB_RETRY_DELAYS
+from django_dbqueue.outcomes import DB_RETRY_DELAYS
 from tests.conftest import wait_until
 from tests.network import Forwarder
 from tests.testapp import jobs
