@@ -42,9 +42,8 @@ from . import lifecycle
 from .chains import Chain
 from .db import DbNow, alias, read_back
 from .enqueue import Prepared, handles_of, store_all
-from .handles import JobHandle
 from .models import FailedJob, Job, JobBatch
-from .registry import JobCall, JobDefinition
+from .registry import Handle, JobCall, JobDefinition
 from .rows import check_queue, prepare, step
 
 logger = logging.getLogger("django_dbqueue")
@@ -210,7 +209,7 @@ class BatchHandle:
         self.refresh()
         return count
 
-    def add(self, *members: JobCall | Chain | JobDefinition[..., Any], batch_size: int = 1000) -> list[JobHandle]:
+    def add(self, *members: JobCall | Chain | JobDefinition[..., Any], batch_size: int = 1000) -> list[Handle]:
         """Add members (see ``add``); return their handles."""
         handles = add(self.id, members, batch_size=batch_size)
         self.refresh()
@@ -233,7 +232,7 @@ def get_batch(batch_id: int) -> BatchHandle:
 
 def add(
     batch_id: int, members: Iterable[JobCall | Chain | JobDefinition[..., Any]], *, batch_size: int = 1000
-) -> list[JobHandle]:
+) -> list[Handle]:
     """Add members to a running batch, in one transaction; raise ``BatchClosed`` if it
     was cancelled or has finished. A member may add members to its own batch:
     the batch cannot finish while that member runs."""

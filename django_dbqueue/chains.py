@@ -12,8 +12,7 @@ import uuid
 from typing import Any
 
 from .enqueue import store
-from .handles import JobHandle
-from .registry import JobCall, JobDefinition
+from .registry import Handle, JobCall, JobDefinition
 from .rows import NewJob, new_job, step
 from .unique import Window, window_of
 
@@ -61,7 +60,7 @@ class Chain:
         first = self.steps[0]
         return new, window_of(first.definition, steps[0].get("flow"), first.args, first.kwargs)
 
-    def enqueue(self) -> JobHandle:
+    def enqueue(self) -> Handle:
         """Store the first step and return its handle; each next one is enqueued when the one before succeeds."""
         # As the first step's own enqueue: a unique first step whose key is held
         # stores nothing (the chain with it), and the handle is the holder's.
