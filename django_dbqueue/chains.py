@@ -62,8 +62,7 @@ class Chain:
 
     def enqueue(self) -> Handle:
         """Store the first step and return its handle; each next one is enqueued when the one before succeeds."""
-        # As the first step's own enqueue: a unique first step whose key is held
-        # stores nothing (the chain with it), and the handle is the holder's.
+        # As the first step's own enqueue: if its unique key is held, nothing (no chain) is stored.
         return store(*self.prepared())
 
 

@@ -115,13 +115,14 @@ class JobHandle:
 
     @classmethod
     def get(cls, job_id: int) -> JobHandle:
-        """Look up the job enqueued with ``job_id``, from any process."""
+        """Return the handle of the job enqueued with ``job_id``, from any process."""
         handle = cls(id=int(job_id))
         handle.refresh()
         return handle
 
     @classmethod
     async def aget(cls, job_id: int) -> JobHandle:
+        """Return the handle of the job enqueued with ``job_id``: the async form of ``get``."""
         handle: JobHandle = await sync_to_async(cls.get)(job_id)
         return handle
 
@@ -193,14 +194,8 @@ class JobHandle:
         return cancelled
 
 
-def get_job(job_id: int) -> JobHandle:
-    """Return the handle of the job enqueued with ``job_id``; see ``JobHandle``."""
-    return JobHandle.get(job_id)
-
-
-async def aget_job(job_id: int) -> JobHandle:
-    """Return the handle of the job enqueued with ``job_id``: the async form of ``get_job``."""
-    return await JobHandle.aget(job_id)
+get_job = JobHandle.get
+aget_job = JobHandle.aget
 
 
 def encode_result(value: Any) -> tuple[Any, str | None]:

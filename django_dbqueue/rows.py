@@ -115,14 +115,18 @@ def saved_job(using: str, new: NewJob, pk: int | None, available_at: Any, create
     return job
 
 
+def _arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], func: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        # With the function: an undeclared model instance is refused here, not by the worker.
+        return payload.encode_arguments(args, kwargs, func)
+    except TypeError as exc:
+        raise TypeError(f"Cannot enqueue {name}: {exc}") from None
+
+
 def step(call: JobCall) -> dict[str, Any]:
     """Return a call as JSON data: name, options and encoded arguments."""
     definition = call.definition
-    try:
-        # With the function: an undeclared model instance is refused here, not by the worker.
-        args = payload.encode_arguments(call.args, call.kwargs, definition.func)
-    except TypeError as exc:
-        raise TypeError(f"Cannot enqueue {definition.name}: {exc}") from None
+    args = _arguments(definition.name, call.args, call.kwargs, definition.func)
     values: dict[str, Any] = {
         "name": definition.name,
         "queue": definition.effective_queue,
@@ -305,11 +309,7 @@ class Plain(NamedTuple):
 
     def new_job(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> NewJob:
         row = self.row
-        try:
-            encoded = payload.encode_arguments(args, kwargs, self.func)
-        except TypeError as exc:
-            raise TypeError(f"Cannot enqueue {row.name}: {exc}") from None
-        text = payload.dumps({"v": payload.VERSION, **encoded, **self.options})
+        text = payload.dumps({"v": payload.VERSION, **_arguments(row.name, args, kwargs, self.func), **self.options})
         payload.check_size(row.name, text)
         return NewJob(row.queue, row.name, text, *row[3:])
 
