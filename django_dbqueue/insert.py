@@ -192,7 +192,6 @@ def _copy_value(value: Any) -> str:
 
 @cached_sql
 def _table(connection: BaseDatabaseWrapper) -> str:
-
     columns = ", ".join(_column(connection, name) for name in COLUMNS)
     return f"{connection.ops.quote_name(Job._meta.db_table)} ({columns})"
 

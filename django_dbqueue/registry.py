@@ -283,7 +283,6 @@ def _retry_until_error(value: Any, *, callable_ok: bool) -> str | None:
 
 def retry_deadline(name: str, retry_until: RetryUntil) -> str:
     """Return ``retry_until`` as an ISO timestamp in UTC (a callable called, a timedelta from this process's now)."""
-
     value = retry_until() if callable(retry_until) else retry_until
     error = _retry_until_error(value, callable_ok=False)
     if error is not None:
