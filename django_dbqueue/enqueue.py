@@ -12,10 +12,10 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
-from typing import Literal, NamedTuple, cast, overload
+from typing import Any, Literal, NamedTuple, cast, overload
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 
@@ -94,10 +94,14 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     stored = 0
     # Rows not read back (COPY on PostgreSQL): not for handles, nor for job_enqueued's receivers.
     copying = not handles and not signals.job_enqueued.has_listeners(JobDefinition)
+    ready = None
     if isinstance(calls, Sequence):
         # Checked whole before anything is sent, and stored as one enqueue (run again after a deadlock).
-        return _enqueue_sequence(calls, batch_size, handles, copying)
-    chunks = itertools.batched(calls, batch_size)
+        ready = prepare_all(calls, 0)
+        if not copying or any(window or new.unique_key for new, window in ready):
+            outcomes = store_all(ready, batch_size=batch_size)
+            return handles_of(outcomes) if handles else _announce(outcomes)
+    chunks: Iterator[Sequence[Any]] = itertools.batched(calls if ready is None else ready, batch_size)
     first = next(chunks, None)
     if first is None:
         return [] if handles else 0
@@ -128,7 +132,7 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     ):
         calls_read = 0
         for chunk in itertools.chain((first,), () if second is None else (second,), chunks):
-            prepared = prepare_all(chunk, calls_read)
+            prepared = prepare_all(chunk, calls_read) if ready is None else chunk
             calls_read += len(chunk)
             plain = not any(window or new.unique_key for new, window in prepared)
             if copying and plain:
@@ -144,24 +148,6 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
             deliver_rows(stream.flush())
     analyze_if_large(using, calls_read)
     return kept if handles else stored
-
-
-def _enqueue_sequence(calls: Sequence[JobCall], batch_size: int, handles: bool, copying: bool) -> list[Handle] | int:
-    """``enqueue_many`` of a list: every call prepared, then stored."""
-    prepared = prepare_all(calls, 0)
-    if not prepared:
-        return [] if handles else 0
-    if copying and not any(window or new.unique_key for new, window in prepared):
-        using = db.alias()
-        connection = connections[using]
-        own = len(prepared) > batch_size and not connection.in_atomic_block
-        with transaction.atomic(using=using, savepoint=False) if own else nullcontext():
-            for start in range(0, len(prepared), batch_size):
-                insert_rows(connection, [new for new, _ in prepared[start : start + batch_size]])
-        analyze_if_large(using, len(prepared))
-        return len(prepared)
-    outcomes = store_all(prepared, batch_size=batch_size)
-    return handles_of(outcomes) if handles else _announce(outcomes)
 
 
 def prepare_all(calls: Sequence[JobCall], first: int) -> list[Prepared]:
