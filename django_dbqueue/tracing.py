@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from .models import Job
-
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
@@ -28,6 +26,18 @@ except ImportError:  # the otel extra is not installed: every hook is skipped
     enabled = False
 else:
     enabled = True
+
+
+class Job(Protocol):
+    """What a span reads of a ``models.Job`` row."""
+
+    name: str
+    queue: str
+    attempts: int
+    payload: str
+
+    @property
+    def pk(self) -> Any: ...
 
 
 class Prepared(Protocol):
