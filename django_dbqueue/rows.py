@@ -153,14 +153,22 @@ def step(call: JobCall) -> dict[str, Any]:
 
 
 def prepare(
-    call: JobCall, *, trace: bool = True, checked: set[tuple[str, str]] | None = None
+    call: JobCall,
+    *,
+    rest: Sequence[JobCall] = (),
+    chain: dict[str, Any] | None = None,
+    trace: bool = True,
+    checked: set[tuple[str, str]] | None = None,
 ) -> tuple[NewJob, unique.Window | None]:
-    """The row of a call with its callbacks, and its ``unique_for`` window (key callables called once, here)."""
+    """The row of a call with its callbacks (and a chain's ``rest``), and its ``unique_for`` window (key
+    callables called once, here)."""
     first = step(call)
     new = new_job(
         first,
+        next_steps=[step(later) for later in rest],
         then=[step(callback) for callback in call.callbacks],
         on_failure=step(call.failure_callback) if call.failure_callback else None,
+        chain=chain,
         trace=trace,
         checked=checked,
     )
