@@ -11,7 +11,7 @@ from .exceptions import (
     Snooze,
     UnknownQueue,
 )
-from .registry import JobCall, JobDefinition, job
+from .registry import JobCall, JobDefinition, JobStatus, job
 
 if TYPE_CHECKING:  # loaded on first use, as the names of _LAZY (they import the models)
     from .context import JobContext
@@ -23,26 +23,18 @@ __version__ = "0.1.0"
 # Names whose modules import the models: loaded on first use, so importing
 # ``django_dbqueue`` (for ``@job``) works before the app registry is ready.
 _LAZY = {
-    "Batch": "batches",
-    "BatchClosed": "batches",
-    "BatchHandle": "batches",
-    "Chain": "chains",
-    "JobContext": "context",
-    "JobHandle": "handles",
-    "JobStatus": "handles",
-    "aget_job": "handles",
-    "batch": "batches",
-    "chain": "chains",
-    "enqueue_many": "enqueue",
-    "get_batch": "batches",
-    "get_job": "handles",
-    "get_progress": "progress",
-    "pause_queue": "pauses",
-    "paused_queues": "pauses",
-    "periodic": "schedules",
-    "progress_token": "progress",
-    "resume_queue": "pauses",
-    "set_progress": "progress",
+    name: module
+    for module, names in {
+        "batches": ("Batch", "BatchClosed", "BatchHandle", "batch", "get_batch"),
+        "chains": ("Chain", "chain"),
+        "context": ("JobContext",),
+        "enqueue": ("enqueue_many",),
+        "handles": ("JobHandle", "aget_job", "get_job"),
+        "pauses": ("pause_queue", "paused_queues", "resume_queue"),
+        "progress": ("get_progress", "progress_token", "set_progress"),
+        "schedules": ("periodic",),
+    }.items()
+    for name in names
 }
 
 __all__ = [

@@ -1,27 +1,9 @@
 """Batches: many jobs as one unit, with callbacks when it finishes and progress.
 
-``batch(resize.bind(1), resize.bind(2), ...).then(notify.bind(owner)).enqueue()``
-stores a ``JobBatch`` row and its members in one transaction. A member is a
-job row with ``batch_id`` set (a chain member carries it on each step); when a
-member ends, the transaction that records its outcome moves the batch's
-counters too, so they add up exactly whatever happens to workers:
-
-- a member that succeeds (a chain: its last step) leaves ``pending``;
-- a member that fails for good leaves ``pending`` and joins ``failed``;
-- cancelling the batch deletes its waiting members (``cancelled``); running
-  ones finish, and can read ``context.batch.is_cancelled`` to stop early;
-- retrying a failed member brings it back to ``pending`` and reopens the batch.
-
-Callbacks are enqueued in the transaction that moves the counters, so exactly
-once per event: ``on_failure`` when ``failed`` goes from 0 to 1, ``on_finish``
-when ``pending`` reaches 0, and ``then`` with it if no member is failed (or
-``allow_failures``) and the batch was not cancelled. A batch reopened by a
-retry fires them again when it finishes again. An empty batch is finished when
-it is enqueued (``then`` and ``on_finish`` run).
-
-Counters are moved once per batch per statement that ends members (a worker
-deletes the members it ran in one statement per claim), so the batch row's
-lock is taken once per round trip of each worker, not once per member.
+``batch(resize.bind(1), resize.bind(2)).then(notify.bind(owner)).enqueue()`` stores a ``JobBatch``
+row and its members (rows with ``batch_id``) in one transaction. The transaction that ends a
+member moves the counters and enqueues the callbacks (``lifecycle``), so they fire exactly once
+per event (docs/batches.md). Here: declaring, enqueueing, the handle and the operations.
 """
 
 from __future__ import annotations
@@ -42,22 +24,17 @@ from . import lifecycle
 from .chains import Chain
 from .db import DbNow, alias, read_back
 from .enqueue import Prepared, handles_of, store_all
-from .handles import JobHandle
 from .models import FailedJob, Job, JobBatch
-from .registry import JobCall, JobDefinition
+from .registry import Handle, JobCall, JobDefinition
 from .rows import check_queue, prepare, step
 
 logger = logging.getLogger("django_dbqueue")
 
-# The callback kinds, in the order they are enqueued when several fire at once.
 CALLBACKS = lifecycle.CALLBACKS
 
 
 class BatchClosed(Exception):
     """Members cannot be added: the batch was cancelled or has finished."""
-
-
-# -- declaring and enqueueing --------------------------------------------------
 
 
 def _member(item: Any) -> JobCall | Chain:
@@ -102,10 +79,7 @@ class Batch:
 
     def enqueue(self, *, batch_size: int = 1000) -> BatchHandle:
         """Store the batch and its members in one transaction (the caller's, if open); return its handle.
-
-        Members are inserted as ``enqueue_many`` inserts jobs. A unique member
-        whose key is held is not stored and not counted.
-        """
+        A unique member whose key is held is not stored and not counted."""
         prepared = [_prepared(member) for member in self.members]
         steps = {kind: [step(call) for call in calls] for kind, calls in self.callbacks.items() if calls}
         for kind_steps in steps.values():
@@ -132,11 +106,7 @@ class Batch:
 
 
 def batch(*members: JobCall | Chain | JobDefinition[..., Any], name: str = "", allow_failures: bool = False) -> Batch:
-    """Return a batch of job calls or chains: ``batch(*(resize.bind(pk) for pk in pks)).then(done.bind()).enqueue()``.
-
-    ``allow_failures``: ``then`` runs when the batch finishes even if members failed.
-    A batch may be empty (it finishes as soon as it is enqueued).
-    """
+    """Return a batch of job calls or chains (``allow_failures``: ``then`` runs even if members failed)."""
     return Batch(tuple(_member(item) for item in members), name=name, allow_failures=allow_failures)
 
 
@@ -145,12 +115,7 @@ def _prepared(member: JobCall | Chain) -> Prepared:
 
 
 def _insert_members(batch_id: int, prepared: Sequence[Prepared], batch_size: int) -> list[Any]:
-    if not prepared:
-        return []
     return store_all([(new._replace(batch_id=batch_id), window) for new, window in prepared], batch_size=batch_size)
-
-
-# -- the handle ----------------------------------------------------------------
 
 
 class BatchHandle:
@@ -197,7 +162,7 @@ class BatchHandle:
 
     @property
     def progress_key(self) -> str:
-        """The key of the batch's progress (``get_progress``, the progress view, ``progress_token``)."""
+        """The key of the batch's progress: ``batch:<id>``."""
         return f"batch:{self.id}"
 
     def refresh(self) -> BatchHandle:
@@ -210,7 +175,7 @@ class BatchHandle:
         self.refresh()
         return count
 
-    def add(self, *members: JobCall | Chain | JobDefinition[..., Any], batch_size: int = 1000) -> list[JobHandle]:
+    def add(self, *members: JobCall | Chain | JobDefinition[..., Any], batch_size: int = 1000) -> list[Handle]:
         """Add members (see ``add``); return their handles."""
         handles = add(self.id, members, batch_size=batch_size)
         self.refresh()
@@ -228,15 +193,11 @@ def get_batch(batch_id: int) -> BatchHandle:
     return BatchHandle(JobBatch.objects.get(pk=batch_id))
 
 
-# -- operations ----------------------------------------------------------------
-
-
 def add(
     batch_id: int, members: Iterable[JobCall | Chain | JobDefinition[..., Any]], *, batch_size: int = 1000
-) -> list[JobHandle]:
-    """Add members to a running batch, in one transaction; raise ``BatchClosed`` if it
-    was cancelled or has finished. A member may add members to its own batch:
-    the batch cannot finish while that member runs."""
+) -> list[Handle]:
+    """Add members to a running batch in one transaction (a member may: the batch cannot finish while it
+    runs); raise ``BatchClosed`` if it was cancelled or has finished."""
     prepared = [_prepared(_member(item)) for item in members]
     with transaction.atomic(using=alias(), savepoint=False):
         row = JobBatch.objects.select_for_update().filter(pk=batch_id).first()
@@ -254,13 +215,8 @@ def add(
 
 
 def cancel(batch_id: int) -> int:
-    """Cancel a batch: its waiting and delayed members are deleted (counted as
-    ``cancelled``) and none is added from now; members that are running finish.
-    Return how many members were deleted (0 if it was cancelled or finished already).
-
-    The batch finishes once its running members end (``on_finish`` runs; ``then``
-    never does).
-    """
+    """Cancel a batch: delete its waiting members (counted ``cancelled``; running ones finish, then
+    ``on_finish`` runs, never ``then``); return how many (0 if it was cancelled or finished already)."""
     deleted = lifecycle.cancel_batch(batch_id)
     if deleted is None:
         return 0
@@ -270,30 +226,20 @@ def cancel(batch_id: int) -> int:
 
 
 def retry_failed(batch_id: int) -> list[Job]:
-    """Retry the failed members of a batch (their ``FailedJob`` rows); the batch counts them pending again.
-
-    Raise ``BatchClosed`` for a cancelled batch: its members would not run (a retry
-    from ``FailedJob`` runs them outside it, see ``lifecycle.retry``).
-    """
+    """Retry the failed members of a batch; the batch counts them pending again (``BatchClosed``: cancelled)."""
     if JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=False).exists():
         raise BatchClosed(f"batch {batch_id} was cancelled: its failed members are not retried into it")
     return lifecycle.retry(FailedJob.objects.filter(batch_id=batch_id))
 
 
 def prune(hours: float) -> int:
-    """Delete batches finished more than ``hours`` ago; return how many.
-
-    Their failed members stay in ``FailedJob`` (retried, they run outside any batch).
-    """
+    """Delete batches finished more than ``hours`` ago (their failed members stay); return how many."""
     deleted, _ = JobBatch.objects.filter(finished_at__lt=DbNow() - timedelta(hours=hours)).delete()
     return deleted
 
 
-# -- the worker's side ------------------------------------------------------------
-
-# How long a worker trusts its read of the cancelled batches: a member a worker
-# claimed before its batch was cancelled does not start later than this after
-# the cancel committed.
+# Seconds a worker trusts its read of the cancelled batches: a member claimed before its batch
+# was cancelled does not start later than this after the cancel committed.
 CANCEL_CHECK = 0.5
 
 _cancelled_lock = threading.Lock()
@@ -301,9 +247,7 @@ _cancelled: dict[str, tuple[float, frozenset[int]]] = {}
 
 
 def cancelled_lately(batch_id: int, using: str | None = None) -> bool:
-    """Tell whether batch ``batch_id`` is cancelled and not yet finished, as read at
-    most ``CANCEL_CHECK`` seconds ago by this process (one query per period, only by
-    workers that start batch members)."""
+    """Tell whether batch ``batch_id`` is cancelled and not finished, as read at most ``CANCEL_CHECK`` ago."""
     using = using or alias()
     now = time.monotonic()
     with _cancelled_lock:

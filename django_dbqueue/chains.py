@@ -12,10 +12,9 @@ import uuid
 from typing import Any
 
 from .enqueue import store
-from .handles import JobHandle
-from .registry import JobCall, JobDefinition
-from .rows import NewJob, new_job, step
-from .unique import Window, window_of
+from .registry import Handle, JobCall, JobDefinition
+from .rows import NewJob, prepare
+from .unique import Window
 
 
 def _as_call(item: JobCall | JobDefinition[..., Any]) -> JobCall:
@@ -50,21 +49,12 @@ class Chain:
 
     def prepared(self) -> tuple[NewJob, Window | None]:
         """The first step's row values, carrying the rest, and its ``unique_for`` window."""
-        steps = [step(call) for call in self.steps]
-        new = new_job(
-            steps[0],
-            next_steps=steps[1:],
-            then=[step(call) for call in self.callbacks],
-            on_failure=step(self.failure_callback) if self.failure_callback else None,
-            chain={"id": self.id, "step": 1, "total": len(steps)},
-        )
-        first = self.steps[0]
-        return new, window_of(first.definition, steps[0].get("flow"), first.args, first.kwargs)
+        first = dataclasses.replace(self.steps[0], callbacks=self.callbacks, failure_callback=self.failure_callback)
+        return prepare(first, rest=self.steps[1:], chain={"id": self.id, "step": 1, "total": len(self.steps)})
 
-    def enqueue(self) -> JobHandle:
+    def enqueue(self) -> Handle:
         """Store the first step and return its handle; each next one is enqueued when the one before succeeds."""
-        # As the first step's own enqueue: a unique first step whose key is held
-        # stores nothing (the chain with it), and the handle is the holder's.
+        # As the first step's own enqueue: if its unique key is held, nothing (no chain) is stored.
         return store(*self.prepared())
 
 

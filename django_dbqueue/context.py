@@ -49,15 +49,8 @@ class JobContext:
 
     @property
     def cancel_requested(self) -> bool:
-        """Tell whether the job was asked to stop: cancelled (``JobHandle.cancel``,
-        ``queue_cancel``, the admin), past its timeout, or its worker stopped twice.
-
-        The worker learns of a cancel request within about a second of it (a run
-        shorter than that is never asked). Nothing is raised into a job from outside:
-        a job that looks here (or calls ``check_cancelled``) stops where it chose to;
-        one that runs on ``TIMEOUT_GRACE`` seconds after a timeout or a hard cancel
-        ends its worker process.
-        """
+        """Tell whether the job was asked to stop (cancelled, past its timeout, its worker stopped twice),
+        as the worker learnt within about a second; nothing is raised into a job from outside."""
         return bool(self.cancel_probe is not None and self.cancel_probe())
 
     def check_cancelled(self) -> None:
@@ -80,8 +73,7 @@ class JobContext:
         return f"chain:{self.chain_id}" if self.chain_id else str(self.job_id)
 
     def progress(self, percent: float, stage: str = "") -> None:
-        """Report progress (0-100, clamped) and a short stage; never rolled back, and raises
-        only ``JobCancelled``, once the job was asked to stop."""
+        """Report progress (0-100, clamped) and a stage; never rolled back; raises only ``JobCancelled``."""
         self.check_cancelled()
         if self.tracker is not None:
             self.tracker.report(percent, stage)

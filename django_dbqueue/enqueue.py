@@ -1,17 +1,9 @@
 """Enqueue: store calls as job rows, one or many, and return their handles.
 
-``JobCall.enqueue`` and ``enqueue_many`` arrive here (registry.py reaches this
-module lazily, as Django's ``Task.enqueue`` finds its backend). A call becomes a
-row in ``rows``, is inserted by ``insert``, and its caller gets a ``JobHandle``.
-A unique job whose key is held stores nothing: its handle is the holder's, with
-``enqueued`` False.
-
-``@job(unique_for=seconds)`` adds a window: once a job of the key is enqueued,
-no other is for that long, whatever became of the first. A window is a
-``UniqueWindow`` row, unique on its key, locked by the enqueue's transaction
-(``lock_windows``) and moved on when a job is enqueued (``open_windows``); an
-expired row is taken over, and expired rows nobody takes over are pruned now
-and then (``prune_windows``). See docs/unique.md.
+``JobCall.enqueue`` reaches this module lazily (as Django's ``Task.enqueue`` finds its backend).
+A call becomes a row in ``rows``, inserted by ``insert``; a unique job whose key is held stores
+nothing, and its handle is the holder's. A ``unique_for`` window is a ``UniqueWindow`` row locked
+by the enqueue's transaction, moved on when a job is enqueued, pruned once expired (docs/unique.md).
 """
 
 from __future__ import annotations
@@ -20,18 +12,29 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
-from typing import Literal, NamedTuple, cast, overload
+from typing import Any, Literal, NamedTuple, cast, overload
 
 from django.db import DatabaseError, OperationalError, connections, transaction
 
 from . import db, signals, tracing
 from .handles import JobHandle
-from .insert import Held, Row, Stream, analyze_if_large, insert_many, insert_one, insert_row, insert_rows, is_deadlock
+from .insert import (
+    Held,
+    Row,
+    Stream,
+    analyze_if_large,
+    first_holds,
+    insert_many,
+    insert_one,
+    insert_row,
+    insert_rows,
+    is_deadlock,
+)
 from .models import Job, UniqueWindow
-from .registry import JobCall, JobDefinition
+from .registry import Handle, JobCall, JobDefinition
 from .rows import NewJob, Plain, prepare
 from .unique import Window
 
@@ -39,22 +42,20 @@ logger = logging.getLogger("django_dbqueue")
 
 Prepared = tuple[NewJob, Window | None]
 
-# Times an enqueue of unique jobs that is a transaction of its own is run, when
-# the database ends it to break a deadlock; each time after a short random pause,
-# so the enqueues that met do not meet again.
+# Runs of an enqueue of unique jobs in its own transaction that the database ends to break a
+# deadlock, each after a short random pause so the enqueues that met do not meet again.
 DEADLOCK_ATTEMPTS = 5
 DEADLOCK_PAUSE = 0.05
 
 
-def enqueue_call(call: JobCall) -> JobHandle:
+def enqueue_call(call: JobCall) -> Handle:
     """``JobCall.enqueue``: store the call (and what follows it) and return its handle."""
     plain = None
     if not call.callbacks and call.failure_callback is None and not (tracing.enabled and tracing.carries()):
         plain = Plain.cached(call.definition)
     if plain is None:
         return store(*prepare(call))
-    # No key, no window: nothing for store_all to lock, skip or run again; and on
-    # PostgreSQL the handle builds the row's model instance only if asked for.
+    # Nothing for store_all to lock, skip or run again; on PostgreSQL the Job is built only if asked for.
     new = plain.new_job(call.args, call.kwargs)
     row = insert_row(new, db.alias())
     if row is None or signals.job_enqueued.has_listeners(JobDefinition):
@@ -63,63 +64,49 @@ def enqueue_call(call: JobCall) -> JobHandle:
     return JobHandle.from_row(row)
 
 
-def store(new: NewJob, window: Window | None = None) -> JobHandle:
-    """Store one prepared job as ``JobCall.enqueue`` does (a chain's first step): a
-    unique job whose key is held stores nothing, and the handle is the holder's."""
+def store(new: NewJob, window: Window | None = None) -> Handle:
+    """Store one prepared job as ``JobCall.enqueue`` does (a chain's first step)."""
     return handles_of(store_all([(new, window)], one=True))[0]
 
 
 @overload
 def enqueue_many(
     calls: Iterable[JobCall], *, batch_size: int = 1000, handles: Literal[True] = True
-) -> list[JobHandle]: ...
+) -> list[Handle]: ...
 
 
 @overload
 def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: Literal[False]) -> int: ...
 
 
-def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: bool = True) -> list[JobHandle] | int:
+def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: bool = True) -> list[Handle] | int:
     """Store many calls, ``batch_size`` rows per statement, in one transaction; return their handles.
 
-    ``calls`` may be any iterable, a generator of millions included: it is read
-    ``batch_size`` calls at a time, each batch checked and sent before the next is
-    read (with ``handles=False`` no handles are kept: the number of jobs stored is
-    returned, and on PostgreSQL the rows go through ``COPY``). A list or tuple is
-    checked whole before anything is sent. docs/enqueue.md has the figures.
-
-    A call that cannot be stored (an argument that is not JSON, an unknown queue,
-    a payload too large, a key callable that raises) raises its error with its
-    position: ``exc.position`` is its index in ``calls`` and the message starts
-    with "call N of enqueue_many". Alone, enqueue_many is one transaction, so
-    nothing is stored; inside ``transaction.atomic()`` the batches sent before stay
-    in the transaction, and the caller decides whether to commit them.
-
-    One handle per call, in order, with its id (not on plain MySQL): a unique job
-    whose key is held (by a stored job or an earlier call) stores nothing, and its
-    handle is the holder's, with ``enqueued`` False.
+    Any iterable is read a batch at a time, each checked and sent before the next is read (a list
+    is checked whole first); ``handles=False`` returns the count (COPY on PostgreSQL). A call that
+    cannot be stored raises with ``exc.position`` and "call N of enqueue_many" (docs/enqueue.md).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     using = db.alias()
     connection = connections[using]
-    kept: list[JobHandle] = []
+    kept: list[Handle] = []
     stored = 0
-    # Rows inserted without being read back (COPY on PostgreSQL): not for handles,
-    # nor for job_enqueued's receivers, which get each row.
+    # Rows not read back (COPY on PostgreSQL): not for handles, nor for job_enqueued's receivers.
     copying = not handles and not signals.job_enqueued.has_listeners(JobDefinition)
+    ready = None
     if isinstance(calls, Sequence):
-        # Already in memory: checked whole before anything is sent, and stored as one
-        # enqueue (run again after a deadlock when it is a transaction of its own).
-        return _enqueue_sequence(calls, batch_size, handles, copying)
-    chunks = itertools.batched(calls, batch_size)
+        # Checked whole before anything is sent, and stored as one enqueue (run again after a deadlock).
+        ready = prepare_all(calls, 0)
+        if not copying or any(window or new.unique_key for new, window in ready):
+            outcomes = store_all(ready, batch_size=batch_size)
+            return handles_of(outcomes) if handles else _announce(outcomes)
+    chunks: Iterator[Sequence[Any]] = itertools.batched(calls if ready is None else ready, batch_size)
     first = next(chunks, None)
     if first is None:
         return [] if handles else 0
     second = next(chunks, None)
-    # Several batches are one transaction: the caller's if open (an error between
-    # batches leaves the choice to it), else one of our own. A single batch needs
-    # none: ``store_all`` runs an enqueue of unique jobs that met a deadlock again.
+    # Several batches are one transaction: the caller's if open, else our own (one batch needs none).
     own = second is not None and not connection.in_atomic_block
 
     def deliver(outcomes: Sequence[Job | Held]) -> None:
@@ -145,14 +132,13 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     ):
         calls_read = 0
         for chunk in itertools.chain((first,), () if second is None else (second,), chunks):
-            prepared = prepare_all(chunk, calls_read)
+            prepared = prepare_all(chunk, calls_read) if ready is None else chunk
             calls_read += len(chunk)
             plain = not any(window or new.unique_key for new, window in prepared)
             if copying and plain:
                 stored += insert_rows(connection, [new for new, _ in prepared])
             elif stream is not None and stream.usable and plain:
-                # Sent now, read back once the next batch is sent: the server inserts
-                # this one while the next is prepared.
+                # Read back once the next is sent: the server inserts this batch while the next is prepared.
                 deliver_rows(stream.send([new for new, _ in prepared]))
             else:
                 if stream is not None:
@@ -164,43 +150,17 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     return kept if handles else stored
 
 
-def _enqueue_sequence(calls: Sequence[JobCall], batch_size: int, handles: bool, copying: bool) -> list[JobHandle] | int:
-    """``enqueue_many`` of a list: every call prepared, then stored."""
-    prepared = prepare_all(calls, 0)
-    if not prepared:
-        return [] if handles else 0
-    if copying and not any(window or new.unique_key for new, window in prepared):
-        using = db.alias()
-        connection = connections[using]
-        own = len(prepared) > batch_size and not connection.in_atomic_block
-        with transaction.atomic(using=using, savepoint=False) if own else nullcontext():
-            for start in range(0, len(prepared), batch_size):
-                insert_rows(connection, [new for new, _ in prepared[start : start + batch_size]])
-        analyze_if_large(using, len(prepared))
-        return len(prepared)
-    outcomes = store_all(prepared, batch_size=batch_size)
-    return handles_of(outcomes) if handles else _announce(outcomes)
-
-
 def prepare_all(calls: Sequence[JobCall], first: int) -> list[Prepared]:
-    """``rows.prepare`` of each call; an error names the call's position (``first`` + its index).
-
-    A plain call takes the values its definition shares (``rows.Plain``) from the
-    first such call of the batch, and only its arguments are encoded.
-    """
+    """``rows.prepare`` of each call (of a plain one, only its arguments are encoded); an error
+    names the call's position (``first`` + its index)."""
     prepared: list[Prepared] = []
     trace = tracing.enabled and tracing.carries()
     checked: set[tuple[str, str]] = set()
-    plains: dict[int, Plain | None] = {}
     for call in calls:
         try:
-            definition = call.definition
             plain = None
             if not trace and not call.callbacks and call.failure_callback is None:
-                key = id(definition)
-                if key not in plains:
-                    plains[key] = Plain.of(definition)
-                plain = plains[key]
+                plain = Plain.cached(call.definition)
             if plain is None:
                 prepared.append(prepare(call, trace=trace, checked=checked))
             else:
@@ -217,14 +177,9 @@ def prepare_all(calls: Sequence[JobCall], first: int) -> list[Prepared]:
 def store_all(
     prepared: Sequence[Prepared], *, batch_size: int = 1000, one: bool = False, analyze: bool = True
 ) -> list[Job | Held]:
-    """Insert the new jobs; those whose key or window is held come back ``Held``.
-
-    Unique jobs enqueued outside a transaction are stored in one of their own,
-    run again if the database ends it to break a deadlock (concurrent batches
-    that share several keys; on MariaDB also the gap locks of the unique index).
-    Inside the caller's transaction, a deadlock error reaches the caller, whose
-    whole transaction the database ended.
-    """
+    """Insert the new jobs; those whose key or window is held come back ``Held``. Unique jobs outside
+    a transaction are stored in one of their own, run again after a deadlock (inside the caller's,
+    the error reaches it: the database ended its whole transaction)."""
     connection = connections[db.alias()]
     if connection.in_atomic_block or not any(window or new.unique_key for new, window in prepared):
         return _store_once(prepared, batch_size, one, analyze)
@@ -240,9 +195,8 @@ def store_all(
 
 
 def _store_once(prepared: Sequence[Prepared], batch_size: int, one: bool, analyze: bool = True) -> list[Job | Held]:
-    """``store_all`` once. Jobs with a ``unique_for`` window are stored in a transaction
-    (the caller's, if open) that locks their window rows first: a job whose window
-    is open is left out, and the windows of the jobs inserted open from now."""
+    """``store_all`` once; a transaction that locks the window rows first leaves out a job whose window
+    is open, and opens the windows of the jobs inserted."""
 
     def insert_all(news: Sequence[NewJob]) -> list[Job | Held]:
         return [insert_one(news[0])] if one else insert_many(news, batch_size=batch_size, analyze=analyze)
@@ -251,36 +205,26 @@ def _store_once(prepared: Sequence[Prepared], batch_size: int, one: bool, analyz
         return insert_all([new for new, _ in prepared])
     with transaction.atomic(using=db.alias(), savepoint=False):
         locked = lock_windows({window.key for _, window in prepared if window})
+        keys = [window.key if window else None for _, window in prepared]
         results: list[Job | Held | None] = [None] * len(prepared)
-        first: dict[str, int] = {}
         todo: list[int] = []
-        for index, (_, window) in enumerate(prepared):
-            if window is None:
+        seen: set[str | None] = set()
+        for index, key in enumerate(keys):
+            if key is not None and key in locked.open:
+                results[index] = Held(key, locked.open[key])
+            elif key is None or key not in seen:
                 todo.append(index)
-            elif window.key in locked.open:
-                results[index] = Held(window.key, locked.open[window.key])
-            elif window.key not in first:
-                first[window.key] = index
-                todo.append(index)
+                seen.add(key)
         stored = insert_all([prepared[index][0] for index in todo]) if todo else []
-        for index, stored_outcome in zip(todo, stored, strict=True):
-            results[index] = stored_outcome
-        opened = []
-        for index, (_, window) in enumerate(prepared):
-            if window is None:
-                continue
-            outcome = results[index]
-            if outcome is None:  # a later call of a window opened by an earlier one
-                earlier = results[first[window.key]]
-                assert earlier is not None
-                results[index] = Held(window.key, earlier.pk if isinstance(earlier, Job) else earlier.job_id)
-            elif isinstance(outcome, Job) and first.get(window.key) == index:
-                opened.append((window, outcome.pk))
+        for index, outcome in zip(todo, stored, strict=True):
+            results[index] = outcome
+        outcomes = first_holds(keys, results)  # a later call of a window shares the first one's fate
+        opened = [(w, job.pk) for (_, w), job in zip(prepared, outcomes, strict=True) if w and isinstance(job, Job)]
         open_windows(opened, locked.now)
-    return [outcome for outcome in results if outcome is not None]
+    return outcomes
 
 
-def handles_of(outcomes: Sequence[Job | Held]) -> list[JobHandle]:
+def handles_of(outcomes: Sequence[Job | Held]) -> list[Handle]:
     """The handles of stored jobs and of those left out; ``job_enqueued`` for the stored ones only."""
     _announce(outcomes)
     held = [outcome for outcome in outcomes if isinstance(outcome, Held)]
@@ -290,7 +234,7 @@ def handles_of(outcomes: Sequence[Job | Held]) -> list[JobHandle]:
             logger.debug("enqueued job=%s id=%s queue=%s", jobs[0].name, jobs[0].pk, jobs[0].queue)
         return [JobHandle.from_job(job) for job in jobs]
     duplicates = iter(JobHandle.not_enqueued([outcome.job_id for outcome in held]))
-    handles = []
+    handles: list[Handle] = []
     for outcome in outcomes:
         if isinstance(outcome, Held):
             handles.append(next(duplicates))
@@ -325,14 +269,9 @@ class LockedWindows(NamedTuple):
 
 
 def lock_windows(keys: Collection[str]) -> LockedWindows:
-    """Lock the window rows of ``keys`` until the transaction ends (creating missing
-    ones, expired), in key order, so enqueues that lock several never wait in a circle.
-
-    Call it inside ``transaction.atomic``. On MariaDB/MySQL the rows are created
-    with ``ON DUPLICATE KEY UPDATE``, which takes an existing row's exclusive lock
-    at once: ``INSERT IGNORE`` takes a shared one, and two enqueues that then
-    both ask for the exclusive lock deadlock.
-    """
+    """Lock the window rows of ``keys`` until the transaction ends (creating missing ones, expired),
+    in key order, so enqueues that lock several never wait in a circle. On MariaDB/MySQL ``ON
+    DUPLICATE KEY UPDATE`` takes the exclusive lock at once (``INSERT IGNORE``'s shared one deadlocks)."""
     using = db.alias()
     manager = UniqueWindow.objects.db_manager(using)
     found: dict[str, tuple[int | None, datetime, datetime]] = {}
@@ -407,11 +346,8 @@ def _prune_quietly() -> None:
 
 
 def prune_windows(limit: int = 1000) -> int:
-    """Delete up to ``limit`` expired window rows that no enqueue holds; return how many.
+    """Delete up to ``limit`` expired window rows that no enqueue holds (``SKIP LOCKED``); return how many."""
 
-    Rows locked by an enqueue are skipped (``SKIP LOCKED``), so a prune never waits
-    for one, nor deadlocks with one.
-    """
     using = db.alias()
     manager = UniqueWindow.objects.db_manager(using)
     with transaction.atomic(using=using):

@@ -1,34 +1,14 @@
 """Job handles: what ``enqueue`` returns, and what any process can look up by a job's id.
 
-A job's status is read from where the job is: its row (waiting, delayed,
-running), its ``FailedJob`` row (failed), or, once the row is gone, its record
-in the result store (``TaskResultRecord``, the store the ``django.tasks`` backend
-uses too). Without a record, a job whose row is gone succeeded: jobs are deleted
-when they succeed. A record is written only when the job keeps its result
-(``@job(results=True)`` or ``DBQUEUE["RESULTS"]``), and when a failed job is
-retried: the retry runs under a new id, and the old id's record points to it, so
-a handle follows its job through retries.
-
-| status | who puts a job there |
-| --- | --- |
-| waiting | ``enqueue``; a release or a reclaim whose delay is over |
-| delayed | ``enqueue`` with a delay; a release with a backoff; a snooze |
-| running | the claim (``claims.reserve_many``); it stays running until its outcome is stored |
-| succeeded | the worker's delete of the row (``delete_reserved``, ``delete_many_reserved``) |
-| failed | ``lifecycle.fail`` (the worker, the reclaim of an expired reservation, the supervisor) |
-| cancelled | ``lifecycle.cancel`` for a job nobody holds; the worker, for a running job asked to stop |
-
-Failed and cancelled jobs are ``FailedJob`` rows (a cancelled one with the
-exception class ``JobCancelled``); retrying one from there makes it waiting again.
-
-An enqueue of a unique job whose key is held (docs/unique.md) stores nothing and
-returns the handle of the job that holds the key, with ``enqueued`` False.
+A status is read from where the job is: its row, its ``FailedJob`` row, or once the row is gone
+its record in the result store (``TaskResultRecord``, shared with the ``django.tasks`` backend);
+without a record the job succeeded (rows are deleted then). A retry's record points to the new
+id, so a handle follows its job through retries (docs/howto/handles.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -39,6 +19,7 @@ from asgiref.sync import sync_to_async
 from . import conf, lifecycle, payload, registry
 from .db import DbNow
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
+from .registry import JobStatus
 
 if TYPE_CHECKING:
     from .insert import Row
@@ -47,34 +28,13 @@ if TYPE_CHECKING:
 MAX_RETRIES_FOLLOWED = 100
 
 
-class JobStatus(enum.StrEnum):
-    """Where a job is now, as read by ``JobHandle``: waiting, delayed, running, succeeded,
-    failed or cancelled; ``status.finished`` is true for the last three."""
-
-    WAITING = "waiting"
-    DELAYED = "delayed"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
 @dataclasses.dataclass(eq=False)
 class JobHandle:
     """A job as its caller follows it: its status now, and its result once kept.
 
-    ``id`` is the id the job was enqueued with; ``job_id`` the id of the row that
-    runs it now (another after a retry from ``FailedJob``). ``result``,
-    ``errors`` (one per failed attempt: ``attempt``, ``exception_class``,
-    ``traceback``) and ``finished_at`` are filled when the job keeps its result.
-    ``job`` is the row as enqueued (on the handle ``enqueue`` returns).
-    ``enqueued`` is False on the handle of an enqueue that stored nothing: a
-    unique job whose key (or ``unique_for`` window) another job holds; the
-    handle is that job's, and ``job`` is None.
+    ``id``: the id enqueued; ``job_id``: the row that runs it now (another after a retry).
+    ``result``, ``errors`` and ``finished_at`` are filled when the job keeps its result.
+    ``enqueued`` False: an enqueue whose unique key or window another job held, whose handle this is.
     """
 
     id: int
@@ -112,13 +72,13 @@ class JobHandle:
 
     @property
     def result(self) -> Any:
-        """The job's return value, decoded, if it kept its result and succeeded; else None.
-
-        A model instance is fetched only if the job's return annotation names its
-        model (``-> Order``); a stored reference to any other raises ``PayloadError``.
-        """
+        """The kept return value, decoded (a model instance only if the return annotation names its model)."""
+        if self._result is None:
+            return None
         definition = registry.find(self.name) if self.name else None
-        return _decode_value(self._result, definition.func if definition is not None else None)
+        # Stored with the arguments' encoder: tags for dates, decimals, model references.
+        envelope = payload.decode(json.dumps({"args": [self._result], "kwargs": {}}))
+        return payload.arguments(envelope, definition.func if definition else None, result=True)[0][0]
 
     @classmethod
     def from_job(cls, job: Job) -> JobHandle:
@@ -134,9 +94,7 @@ class JobHandle:
 
     @classmethod
     def not_enqueued(cls, job_ids: Sequence[int | None]) -> list[JobHandle]:
-        """The handles duplicate enqueues return: of the jobs that hold their keys, with
-        ``enqueued`` False and the status each has now (one query for the jobs still
-        queued; the others are looked up as ``get`` does)."""
+        """The handles of the jobs that hold duplicate enqueues' keys, ``enqueued`` False (one query for rows)."""
         wanted = {pk for pk in job_ids if pk is not None}
         rows = {
             row["pk"]: row
@@ -157,13 +115,14 @@ class JobHandle:
 
     @classmethod
     def get(cls, job_id: int) -> JobHandle:
-        """Look up the job enqueued with ``job_id``, from any process."""
+        """Return the handle of the job enqueued with ``job_id``, from any process."""
         handle = cls(id=int(job_id))
         handle.refresh()
         return handle
 
     @classmethod
     async def aget(cls, job_id: int) -> JobHandle:
+        """Return the handle of the job enqueued with ``job_id``: the async form of ``get``."""
         handle: JobHandle = await sync_to_async(cls.get)(job_id)
         return handle
 
@@ -222,9 +181,7 @@ class JobHandle:
         await sync_to_async(self.refresh)()
 
     def cancel(self, *, hard: bool = False, reason: str = "") -> bool:
-        """Cancel the job; return False if it had finished. A waiting or delayed job is
-        cancelled at once; a running one is asked to stop (``hard``: stopped as at a
-        timeout) and is ``running`` until it has."""
+        """Cancel the job, or ask it to stop if it runs (``hard``: as at a timeout); False if it had finished."""
         self.refresh()
         if self.finished or self.job_id is None:
             return False
@@ -237,23 +194,8 @@ class JobHandle:
         return cancelled
 
 
-def get_job(job_id: int) -> JobHandle:
-    """Return the handle of the job enqueued with ``job_id``; see ``JobHandle``."""
-    return JobHandle.get(job_id)
-
-
-async def aget_job(job_id: int) -> JobHandle:
-    """Return the handle of the job enqueued with ``job_id``: the async form of ``get_job``."""
-    return await JobHandle.aget(job_id)
-
-
-def _decode_value(value: Any, owner: Callable[..., Any] | None) -> Any:
-    if value is None:
-        return None
-    # Stored with the arguments' encoder: tags for dates, decimals, model references.
-    envelope = payload.decode(json.dumps({"args": [value], "kwargs": {}}))
-    args, _ = payload.arguments(envelope, owner, result=True)
-    return args[0]
+get_job = JobHandle.get
+aget_job = JobHandle.aget
 
 
 def encode_result(value: Any) -> tuple[Any, str | None]:
@@ -286,11 +228,7 @@ def outcome_record(
     error: str = "",
     exception_class: str = "",
 ) -> TaskResultRecord:
-    """The result store's row for ``job`` after this attempt, to save with its outcome.
-
-    ``status`` is ``succeeded``, ``failed``, or ``waiting`` for an attempt that
-    failed and will run again; each failed attempt adds to ``errors``.
-    """
+    """The result store's row for ``job`` after this attempt (``status`` waiting: it runs again), to save."""
     # Only an earlier attempt of this row can have written its record.
     earlier = TaskResultRecord.objects.filter(pk=record_id(job.pk)).first() if job.attempts > 1 else None
     record = earlier or TaskResultRecord(
@@ -305,18 +243,13 @@ def outcome_record(
     record.status = status
     record.worker_ids = [*record.worker_ids, worker_id]
     record.last_attempted_at = DbNow()
-    if error:
-        record.errors = [
-            *record.errors,
-            {"attempt": job.attempts, "exception_class": exception_class, "traceback": error},
-        ]
+    notes = [(error, exception_class)]
     if status == JobStatus.SUCCEEDED:
         record.return_value, note = encode_result(result)
-        if note is not None:
-            record.errors = [
-                *record.errors,
-                {"attempt": job.attempts, "exception_class": "TypeError", "traceback": note},
-            ]
+        notes.append((note or "", "TypeError"))
+    added = [{"attempt": job.attempts, "exception_class": kind, "traceback": text} for text, kind in notes if text]
+    record.errors = [*record.errors, *added]
+
     if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
         record.finished_at = DbNow()
     return record

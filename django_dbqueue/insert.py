@@ -1,13 +1,9 @@
-"""Every INSERT of job rows (``rows.NewJob``: the times come from the database's clock).
+"""Every INSERT of job rows (``rows.NewJob``; times from the database's clock, columns from ``Job._meta``).
 
-The columns are derived from ``Job._meta``. One statement per database
-(docs/performance.md has the figures): on PostgreSQL ``INSERT ... SELECT ... FROM
-unnest()`` of one array per column, a single enqueue through ``dbqueue_enqueue``
-(migration 0011, planned once per session), and ``COPY`` for rows that need not come
-back; elsewhere one multi-row ``INSERT ... VALUES``, the clock read once per batch,
-``RETURNING id`` where the database has it. A new job whose unique key another row
-holds comes back as ``Held``: the unique index decides (docs/unique.md), with ``ON
-CONFLICT DO NOTHING`` on PostgreSQL, elsewhere in a savepoint.
+PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column, one job through
+``dbqueue_enqueue`` (migration 0011), ``COPY`` for rows not read back; elsewhere one multi-row
+``INSERT ... VALUES`` (docs/performance.md). A job whose unique key a row holds comes back ``Held``:
+the unique index decides (``ON CONFLICT DO NOTHING`` on PostgreSQL, elsewhere a savepoint).
 """
 
 from __future__ import annotations
@@ -55,8 +51,7 @@ def _column(connection: BaseDatabaseWrapper, name: str) -> str:
 
 
 def analyze_if_large(using: str, count: int) -> None:
-    """On PostgreSQL, refresh the job table's statistics after inserting ``count`` rows, if many:
-    planned with those of a nearly empty table, the claim would sort the whole queue."""
+    """On PostgreSQL, ANALYZE the job table after inserting many rows (else the claim may sort the queue)."""
     connection = connections[using]
     if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -64,9 +59,8 @@ def analyze_if_large(using: str, count: int) -> None:
 
 
 def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool = True) -> list[Job | Held]:
-    """Insert ``new_jobs`` in one transaction, one statement per ``batch_size`` rows; return
-    the saved rows in order, with ids (not on plain MySQL) and times, or ``Held`` for a job
-    whose key a row or an earlier job holds. ``analyze=False``: the caller runs ``analyze_if_large``."""
+    """Insert ``new_jobs`` in one transaction, ``batch_size`` rows per statement; return the saved rows
+    (ids not on plain MySQL), or ``Held`` for a job whose key a row or an earlier job holds."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     if not new_jobs:
@@ -96,12 +90,8 @@ def insert_one(new: NewJob) -> Job | Held:
 
 
 def insert_row(new: NewJob, using: str) -> Row | None:
-    """On PostgreSQL, insert one new job without a unique key and return its row; elsewhere None.
-
-    One call of ``dbqueue_enqueue``, whose INSERT the server keeps planned (a statement
-    sent from here is planned at every call: Django's prepared statements are off), in
-    no transaction of its own, so inside the caller's it becomes visible on its commit.
-    """
+    """On PostgreSQL, insert one job without a unique key through ``dbqueue_enqueue`` (planned once
+    per session, unlike a statement sent from here) and return its row; elsewhere None."""
     connection = connections[using]
     if connection.vendor != "postgresql":
         return None
@@ -113,17 +103,15 @@ def insert_row(new: NewJob, using: str) -> Row | None:
     return Row(using, new, *cursor.fetchone())
 
 
-# The function's parameters: those of ``NewJob`` up to the delay; then, if the
-# job uses flow control or is in a batch, the ``Flow`` columns and the batch.
+# The function's parameters: ``NewJob``'s up to the delay, then maybe the ``Flow`` columns and the batch.
 _WITH_DELAY = NewJob._fields.index("delay") + 1
 _ENQUEUE_PLAIN = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * _WITH_DELAY)})"
 _ENQUEUE_FLOW = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * (_WITH_DELAY + len(Flow._fields) + 1))})"
 
 
 class Stream:
-    """Batches inserted one statement ahead, in pipeline mode (PostgreSQL, in a transaction):
-    ``send`` returns the rows of the batch sent before (the server inserts one batch while
-    the caller prepares the next), ``flush`` the last batch's."""
+    """Batches inserted one statement ahead in pipeline mode (PostgreSQL, in a transaction): ``send``
+    returns the rows of the batch sent before, ``flush`` the last batch's."""
 
     def __init__(self, connection: BaseDatabaseWrapper, using: str) -> None:
         self.connection, self.using, self.usable = connection, using, connection.vendor == "postgresql"
@@ -160,16 +148,14 @@ class Stream:
         self._sent = None
         with cursor:
             returned = cursor.fetchall()
-        # RETURNING gives the rows in the order the SELECT read them, the arrays'
-        # order (which Django's own unnest bulk_create relies on too).
+        # RETURNING follows the arrays' order (as Django's own unnest bulk_create relies on).
         return [Row(self.using, new, *row) for new, row in zip(batch, returned, strict=True)]
 
 
 def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
-    """Insert ``new_jobs`` (none with a unique key) and return how many; nothing comes back.
-    PostgreSQL: one ``COPY`` (the enqueue trigger's NOTIFY fires once, as for an INSERT)."""
+    """Insert ``new_jobs`` (none with a unique key) and return how many: one ``COPY`` on PostgreSQL, else
+    ``executemany`` (which SQLite prepares once and mysqlclient sends as one multi-row INSERT)."""
     if connection.vendor != "postgresql":
-        # One statement that SQLite prepares once and mysqlclient sends as one multi-row INSERT.
         with connection.cursor() as cursor:
             now, created = _clock(cursor, connection)
             adapt = connection.ops.adapt_datetimefield_value
@@ -206,7 +192,6 @@ def _copy_value(value: Any) -> str:
 
 @cached_sql
 def _table(connection: BaseDatabaseWrapper) -> str:
-    """The job table and a new row's columns, as the INSERT and the COPY name them."""
     columns = ", ".join(_column(connection, name) for name in COLUMNS)
     return f"{connection.ops.quote_name(Job._meta.db_table)} ({columns})"
 
@@ -214,7 +199,7 @@ def _table(connection: BaseDatabaseWrapper) -> str:
 def _insert_values(
     connection: BaseDatabaseWrapper, using: str, new_jobs: Sequence[NewJob], batch_size: int
 ) -> list[Job]:
-    """One ``INSERT ... VALUES`` of many rows per batch (``RETURNING id`` where there is), the clock read once."""
+    """One ``INSERT ... VALUES`` of many rows per batch (``RETURNING id`` where there is)."""
     limit = _max_params(connection)
     per_statement = max(1, min(batch_size, limit // len(COLUMNS))) if limit else batch_size
     ids_back = connection.features.can_return_rows_from_bulk_insert
@@ -245,9 +230,8 @@ _ROW_MARKS = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
 
 
 def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]:
-    """The database's clock now, as an aware UTC datetime and as stored: on SQLite the
-    reading's own text ("…:05.123"), which times compare as; stored as Django writes it
-    ("…:05.123000") a job would not be available before the next millisecond."""
+    """The database's clock, as an aware UTC datetime and as stored: on SQLite its own text, which
+    times compare as (Django's "…:05.123000" would wait for the next millisecond)."""
     if connection.vendor == "mysql":
         cursor.execute("SELECT UTC_TIMESTAMP(6)")
         (value,) = cursor.fetchone()
@@ -259,8 +243,7 @@ def _clock(cursor: Any, connection: BaseDatabaseWrapper) -> tuple[datetime, Any]
 
 
 def _max_params(connection: BaseDatabaseWrapper) -> int | None:
-    """How many parameters one statement may have (None: no limit but the packet size).
-    SQLite's is the connection's own (Django 5.2 assumes the oldest default, 999)."""
+    """How many parameters one statement may have (None: no limit); SQLite's from the connection."""
     if connection.vendor == "sqlite":
         connection.ensure_connection()
         return int(connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
@@ -276,23 +259,28 @@ def _insert_unique(
     if connection.vendor != "postgresql":
         todo.savepoints()
     elif len(new_jobs) == 1:
-        # One statement, atomic by itself: no transaction of its own, as ``insert_one``.
-        todo.on_conflict()
+        todo.on_conflict()  # one statement, atomic by itself
     else:
         with transaction.atomic(using=using, savepoint=False):
             todo.on_conflict()
+    outcomes = first_holds(todo.keys, todo.results)
+    if analyze:
+        analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
+    return outcomes
+
+
+def first_holds(keys: Sequence[str | None], results: Sequence[Job | Held | None]) -> list[Job | Held]:
+    """``results`` with each None (a later job of a key) the ``Held`` of the key's first outcome."""
     first: dict[str, Job | Held] = {}
     outcomes: list[Job | Held] = []
-    for key, outcome in zip(todo.keys, todo.results, strict=True):
-        if outcome is None:  # a later job of a key shares the fate of the first
+    for key, outcome in zip(keys, results, strict=True):
+        if outcome is None:
             assert key is not None
             earlier = first[key]
             outcome = Held(key, earlier.pk if isinstance(earlier, Job) else earlier.job_id)
         elif key is not None:
             first.setdefault(key, outcome)
         outcomes.append(outcome)
-    if analyze:
-        analyze_if_large(using, sum(isinstance(outcome, Job) for outcome in outcomes))
     return outcomes
 
 
@@ -312,8 +300,7 @@ class _Unique:
         self.mark_held()
         if not self.pending:
             return
-        # A holder finished between the conflict and the read of it: its key may be
-        # free now. Insert again, locking whatever holds the key this time.
+        # A holder ended between the conflict and its read: insert again, locking the holder this time.
         with transaction.atomic(using=self.using, savepoint=False):
             self._round(_LOCK)
             self.mark_held()
@@ -334,8 +321,7 @@ class _Unique:
             for batch, cursor in sent:
                 with cursor:
                     returned = cursor.fetchall()
-                # Rows with a key are found by it (a left-out row returns nothing);
-                # the others come back in the arrays' order.
+                # Keyed rows are found by key (a left-out one returns nothing), the others in order.
                 keyed = {row[3]: row for row in returned if row[3] is not None}
                 plain = iter([row for row in returned if row[3] is None])
                 for index in batch:
@@ -346,13 +332,10 @@ class _Unique:
         self.pending = [index for index in self.pending if self.results[index] is None]
 
     def savepoints(self) -> None:
-        """Insert the pending jobs in a savepoint; after a conflict on the unique index, read
-        the holders of the keys and insert the rest again. A conflicting key's holder cannot
-        vanish before it is read (InnoDB keeps a shared lock on its index entry, SQLite the
-        write lock), so each failed round finds one. InnoDB's lock covers the gap before
-        the entry too, where any new row (keyed or not: NULLs are in the index) may fall,
-        and two enqueues holding such locks deadlock: so on MariaDB/MySQL the keys held are
-        read first, and alone a conflict ends the transaction (nothing was written yet)."""
+        """Insert the pending jobs in a savepoint; after a conflict, read the keys' holders (still locked:
+        each round finds one) and insert the rest again. InnoDB also locks the gap before the entry,
+        where two enqueues deadlock: on MariaDB/MySQL held keys are read first, and alone a conflict
+        ends the transaction (nothing was written yet)."""
         using, mysql = self.using, self.connection.vendor == "mysql"
         restart = mysql and not self.connection.in_atomic_block
         error: IntegrityError | None = None
@@ -440,8 +423,7 @@ def holds_unique_key(exc: IntegrityError, connection: BaseDatabaseWrapper) -> bo
 
 
 def bulk_enqueue(rows: Sequence[Job], using: str | None = None, *, batch_size: int = 1000) -> list[Job]:
-    """Insert ``Job`` rows built by hand, checked against the table's bounds (a row whose
-    unique key another job holds is left out, see ``insert_each``)."""
+    """Insert ``Job`` rows built by hand, checked against the table's bounds (a held unique key: left out)."""
     using = using or alias()
     check_rows(rows)
     if any(row.unique_key for row in rows):
@@ -452,9 +434,8 @@ def bulk_enqueue(rows: Sequence[Job], using: str | None = None, *, batch_size: i
 
 
 def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | None]:
-    """Insert rows built from stored steps (a next step, a callback, a retry) one by one in
-    one transaction; a keyed row goes in under a savepoint, so one whose key another job
-    holds is left out alone (None in its place), logged as a duplicate enqueue is."""
+    """Insert rows built from stored steps (next steps, callbacks, retries) in one transaction; one whose
+    unique key another job holds is left out under its savepoint (None in its place) and logged."""
     using = using or alias()
     check_rows(rows)
     inserted: list[Job | None] = []
@@ -477,15 +458,12 @@ def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | Non
 
 # -- the unnest INSERT (PostgreSQL) ---------------------------------------------
 
-# How the unnest INSERT meets a row that holds one of its keys: no ON CONFLICT (no
-# key in the batch); DO NOTHING (the new row is left out of RETURNING); or, once a
-# holder vanished between the conflict and the read of it, DO UPDATE ... WHERE
-# false, which updates nothing but locks the holder, so the read that follows finds it.
+# The unnest INSERT's ON CONFLICT: none (no key); DO NOTHING; or DO UPDATE ... WHERE false, which
+# only locks the holder, so that the read that follows finds it.
 _PLAIN, _SKIP, _LOCK = "", "skip", "lock"
 
 
-# Each column travels as one PostgreSQL array literal, built here: joining
-# strings costs less than psycopg adapting a list value by value.
+# Each column travels as one array literal: joining strings costs less than psycopg's adaptation.
 def _text_array(values: Sequence[str]) -> str:
     """``{"a","b"}``: each element double-quoted, with its backslashes and double quotes escaped."""
     return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
@@ -500,8 +478,7 @@ def _int_array(values: Sequence[int | None]) -> str:
 
 
 def _encoder(name: str) -> tuple[str, Callable[[Sequence[Any]], str]]:
-    """The array type of a column sent (text, not varchar(n), whose cast would silently
-    cut a longer value that the INSERT refuses) and its encoder."""
+    """The array type of a column sent (text, not varchar(n), whose cast would cut a long value) and its encoder."""
     if name == "delay":
         return "float8", lambda values: "{" + ",".join([repr(float(v)) for v in values]) + "}"
     field = FIELDS[name]
@@ -517,9 +494,8 @@ _ARRAYS = {name: _encoder(name) for name in (*NewJob._fields[: len(OWN) + 1], "b
 
 
 def _unnest(connection: BaseDatabaseWrapper, batch: Sequence[NewJob], conflict: str = _PLAIN) -> tuple[str, list[str]]:
-    """The unnest INSERT of ``batch`` and its parameters, one array per column sent: the
-    batch and flow columns only if a job uses them (the flow always with ``conflict``,
-    where a row whose key is held is left out and RETURNING gives each row's key)."""
+    """The unnest INSERT of ``batch`` and its parameters: the batch and flow columns only if a job uses
+    them (the flow always with ``conflict``, whose RETURNING gives each row's key)."""
     columns = dict(zip(NewJob._fields, zip(*batch, strict=True), strict=True))
     sent = list(NewJob._fields[: len(OWN) + 1])  # the row's own values and the delay
     if any(columns["batch_id"]):
@@ -552,7 +528,7 @@ def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], confli
     on_conflict = ""
     if conflict:
         key = _column(connection, "unique_key")
-        # The target names the partial unique index (migration 0008) by its column and predicate.
+        # The partial unique index (migration 0008), named by its column and predicate.
         on_conflict = f"ON CONFLICT ({key}) WHERE {key} IS NOT NULL " + (
             "DO NOTHING " if conflict == _SKIP else f"DO UPDATE SET {key} = EXCLUDED.{key} WHERE false "
         )
@@ -565,8 +541,8 @@ def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], confli
 
 @contextmanager
 def _pipeline(connection: BaseDatabaseWrapper) -> Iterator[None]:
-    """psycopg's pipeline mode where libpq has it (14 or later); a connection that breaks
-    meanwhile raises its own error, not psycopg's "cannot exit pipeline mode while busy"."""
+    """psycopg's pipeline mode where libpq has it; a broken connection raises its own error."""
+
     import psycopg
 
     raw = connection.connection

@@ -1,14 +1,8 @@
 """JSON encoding of job arguments and the envelope stored in ``Job.payload``.
 
-Plain JSON values are stored as they are. Values JSON has no type for are
-stored as ``{"__dbq__": <tag>, "v": <value>}`` and turned back on decode:
-datetimes, dates, times, timedeltas, decimals, UUIDs, tuples, and model
-instances (stored as a reference and fetched again when the job runs).
-
-A reference is fetched only for a model the job declares (``declared_models``):
-the row names the model, and a row can be written by anyone who can write to
-the table (the admin, a database user, a bug), so a row that names another
-model (``auth.User`` for a job that takes an ``Order``) fails that job.
+Values JSON has no type for are stored as ``{"__dbq__": <tag>, "v": <value>}``: datetimes,
+dates, times, timedeltas, decimals, UUIDs, tuples, and model instances (a reference, fetched when
+the job runs, and only for a model the job declares: anyone who can write the table writes rows).
 """
 
 from __future__ import annotations
@@ -40,14 +34,9 @@ def _describe(value: Any) -> str:
 
 
 def encode_value(value: Any, path: str, owner: Callable[..., Any] | None = None) -> Any:
-    """Return ``value`` as JSON-ready data; raise TypeError naming ``path`` if it cannot be.
-
-    With ``owner`` (the job's function), a model instance of a model it does not
-    declare is refused too (``declared_models``): the worker would refuse to fetch it.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
+    """Return ``value`` as JSON-ready data; raise TypeError naming ``path`` if it cannot be (with
+    ``owner``, the job's function, also for an instance of a model it does not declare)."""
+    if value is None or isinstance(value, (bool, str, int)):
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
@@ -66,16 +55,13 @@ def encode_value(value: Any, path: str, owner: Callable[..., Any] | None = None)
                 )
             encoded[key] = encode_value(item, f"{path}[{key!r}]", owner)
         if TAG in encoded:
-            # A user dict that uses our marker key: store it as pairs, which the
-            # decoder's object hook does not mistake for a tagged value.
+            # A dict with our marker key: stored as pairs, which the decoder does not mistake for a tag.
             return {TAG: "dict", "v": [[key, item] for key, item in encoded.items()]}
         return encoded
-    if isinstance(value, dt.datetime):
-        return {TAG: "datetime", "v": value.isoformat()}
-    if isinstance(value, dt.date):
-        return {TAG: "date", "v": value.isoformat()}
-    if isinstance(value, dt.time):
-        return {TAG: "time", "v": value.isoformat()}
+    # datetime before date: a datetime is a date.
+    for kind, tag in ((dt.datetime, "datetime"), (dt.date, "date"), (dt.time, "time")):
+        if isinstance(value, kind):
+            return {TAG: tag, "v": value.isoformat()}
     if isinstance(value, dt.timedelta):
         return {TAG: "timedelta", "v": [value.days, value.seconds, value.microseconds]}
     if isinstance(value, decimal.Decimal):
@@ -105,12 +91,8 @@ def _decode_tagged(obj: dict[str, Any]) -> Any:
         return obj
     value: Any = obj.get("v")
     try:
-        if tag == "datetime":
-            return dt.datetime.fromisoformat(value)
-        if tag == "date":
-            return dt.date.fromisoformat(value)
-        if tag == "time":
-            return dt.time.fromisoformat(value)
+        if tag in ("datetime", "date", "time"):
+            return getattr(dt, tag).fromisoformat(value)
         if tag == "timedelta":
             days, seconds, micro = value
             return dt.timedelta(days=days, seconds=seconds, microseconds=micro)
@@ -134,13 +116,9 @@ def _decode_tagged(obj: dict[str, Any]) -> Any:
 class Declared:
     """The models a job declares: what a stored model reference may name for it."""
 
-    # Classes its annotations name; a subclass (a proxy, a child model) is admitted too.
-    classes: tuple[type[models.Model], ...] = ()
-    # Model class names in annotations that could not be resolved (``"Order"``
-    # imported under ``if TYPE_CHECKING``): a model of that class name is admitted.
-    names: frozenset[str] = frozenset()
-    # Whose declaration this is, for the error message.
-    owner: str = "this job"
+    classes: tuple[type[models.Model], ...] = ()  # subclasses (proxies, children) admitted too
+    names: frozenset[str] = frozenset()  # class names of annotations that did not resolve
+    owner: str = "this job"  # for the error message
 
     def admits(self, model: type[models.Model]) -> bool:
         return model.__name__ in self.names or any(issubclass(model, declared) for declared in self.classes)
@@ -154,7 +132,6 @@ NOTHING = Declared()
 
 
 def _label(model: type[models.Model]) -> str:
-    # ``models.Model`` itself has no ``_meta``.
     meta = getattr(model, "_meta", None)
     return str(meta.label_lower) if meta is not None else f"{model.__module__}.{model.__qualname__}"
 
@@ -179,12 +156,8 @@ def _collect(annotation: Any, found: set[type[models.Model]], names: set[str]) -
 
 @functools.lru_cache(maxsize=1024)
 def declared_models(func: Callable[..., Any], *, result: bool = False) -> Declared:
-    """The models ``func``'s parameter annotations name (its return annotation, with ``result``).
-
-    An annotation that cannot be resolved (a model imported under ``if
-    TYPE_CHECKING``) declares the names it is written with. ``models.Model``
-    itself declares every model.
-    """
+    """The models ``func``'s parameter annotations name (its return annotation, with ``result``); an
+    annotation that does not resolve declares the names it is written with."""
     owner = f"{getattr(func, '__qualname__', repr(func))}()"
     try:
         hints: dict[str, Any] = typing.get_type_hints(func)
@@ -247,18 +220,14 @@ def _resolve(value: Any, owner: Callable[..., Any] | None, result: bool) -> Any:
     return value
 
 
-# Values stored as they are, whose path is not worth formatting: encode_value
-# returns them unchanged. Exact types, so subclasses take the full check.
+# Exact types stored as they are, whose path is not worth formatting (subclasses take the full check).
 _PLAIN = frozenset({str, int, bool, type(None)})
 
 
 def encode_arguments(
     args: tuple[Any, ...], kwargs: dict[str, Any], owner: Callable[..., Any] | None = None
 ) -> dict[str, Any]:
-    """Return ``{"args": [...], "kwargs": {...}}`` as JSON data; raise TypeError naming a bad argument.
-
-    With ``owner``, a model instance its annotations do not declare is a bad argument.
-    """
+    """Return ``{"args": [...], "kwargs": {...}}`` as JSON data; raise TypeError naming a bad argument."""
     plain = _PLAIN
     return {
         "args": [
@@ -277,12 +246,8 @@ def _refuse(value: Any) -> Any:
 
 
 def _c_encoder() -> Any:
-    """CPython's C encoder with ``dumps``'s options, built once; None where there is none.
-
-    ``json.dumps`` builds it anew at every call, which is most of the time of
-    encoding a small envelope. No circular-reference check: an envelope is made
-    of fresh lists and dicts (``encode_value`` copies the arguments).
-    """
+    """CPython's C encoder with ``dumps``'s options, built once (``json.dumps`` builds one per call);
+    None where there is none. No circular-reference check: envelopes are fresh lists and dicts."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
         return None
@@ -361,12 +326,8 @@ def decode(payload: str) -> dict[str, Any]:
 def arguments(
     envelope: dict[str, Any], owner: Callable[..., Any] | None = None, *, result: bool = False
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Return the call's arguments, with model references fetched from the database.
-
-    A reference is fetched only if ``owner``, the job's function, declares its
-    model (``declared_models``; with ``result``, in its return annotation); any
-    other raises ``PayloadError``, and so does every reference without an owner.
-    """
+    """Return the call's arguments, with the model references ``owner`` declares fetched (others raise
+    ``PayloadError``; ``result``: declared by its return annotation)."""
     return tuple(_resolve(list(envelope["args"]), owner, result)), _resolve(envelope["kwargs"], owner, result)
 
 

@@ -1,14 +1,15 @@
 """Job definitions: the ``@job`` decorator, its options and the name registry.
 
-A definition knows nothing of tables: ``JobCall.enqueue`` hands the call to the
-``enqueue`` module, the one lazy import upward (as Django's ``Task.enqueue``
-finds its backend), so ``from django_dbqueue import job`` works before the app
-registry is ready.
+A definition knows nothing of tables: ``JobCall.enqueue`` hands the call to ``enqueue``, the one
+lazy import upward (as Django's ``Task.enqueue`` finds its backend), so ``from django_dbqueue
+import job`` works before the app registry is ready. ``Handle`` types what an enqueue returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import typing
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack, overload
@@ -21,23 +22,20 @@ from . import concurrency, conf, rates, unique, validation
 from .exceptions import JobNotRegistered
 
 if TYPE_CHECKING:
-    from .context import JobContext
-    from .handles import JobHandle
+    from .models import Job
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 Backoff = int | float | Sequence[int | float]
-# When a job stops being retried: an aware datetime, a time from enqueue, or a
-# callable that returns either when the job is enqueued.
+# When a job stops being retried: an aware datetime, a time from enqueue, or a callable returning one.
 RetryUntil = datetime | timedelta | Callable[[], datetime | timedelta]
 
 _registry: dict[str, JobDefinition[..., Any]] = {}
 
 
 class JobOptions(TypedDict, total=False):
-    """The options of ``@job`` and ``JobDefinition.using``, declared once (the fields of
-    ``JobDefinition`` carry their defaults; a test checks that the two agree)."""
+    """The options of ``@job`` and ``JobDefinition.using`` (``JobDefinition``'s fields carry the defaults)."""
 
     queue: str | None
     tries: int | None
@@ -62,11 +60,7 @@ class JobOptions(TypedDict, total=False):
 
 @dataclasses.dataclass(frozen=True)
 class JobDefinition(Generic[P, R]):
-    """A function registered as a job, with its options.
-
-    ``None`` options fall back to the worker's command-line defaults, then to
-    ``DBQUEUE`` settings.
-    """
+    """A function registered as a job, with its options (None: the worker's defaults, then ``DBQUEUE``)."""
 
     func: Callable[..., R]
     name: str
@@ -83,23 +77,15 @@ class JobDefinition(Generic[P, R]):
     middleware: Sequence[Callable[..., Any] | str] = ()
     # Keep the return value and the errors of each attempt (see handles); None: DBQUEUE["RESULTS"].
     results: bool | None = None
-    # Fail once this many attempts ended in an exception, whatever tries remain (tries
-    # also count reservations lost with their worker); None: no such limit.
+    # Fail once this many attempts raised, whatever tries remain (tries count lost reservations too).
     max_exceptions: int | None = None
-    # Flow control (docs/flow.md). Unique jobs: ``unique`` True (or "until_finished")
-    # holds the key while the job waits or runs, "until_started" until a worker
-    # claims it; ``unique_key``: a str or a callable of the arguments (default:
-    # the arguments themselves); ``unique_for``: seconds after an enqueue in which
-    # no other enqueue of the key is stored.
+    # Flow control (docs/flow.md): unique keys ("until_finished" or "until_started"), unique_for
+    # windows (seconds), concurrency and rate limits; a key is a str or a callable of the arguments.
     unique: bool | str = False
     unique_key: str | Callable[..., Any] | None = None
     unique_for: float | None = None
-    # At most ``concurrency_limit`` (default 1) jobs with the same key run at once;
-    # a str or a callable of the arguments (default: the job's name).
     concurrency_key: str | Callable[..., Any] | None = None
     concurrency_limit: int | None = None
-    # At most N starts per period ("100/m"), shared by the jobs with the same
-    # ``rate_key`` (a str or a callable of the arguments; default: the job's name).
     rate_limit: str | None = None
     rate_key: str | Callable[..., Any] | None = None
     rate_burst: int | None = None
@@ -116,11 +102,7 @@ class JobDefinition(Generic[P, R]):
         return self.func(*args, **kwargs)
 
     def using(self, **changes: Unpack[JobOptions]) -> JobDefinition[P, R]:
-        """Return a copy with some options changed, for the next enqueue (None: unchanged).
-
-        ``unique=False`` makes the copy not unique at all (no ``unique_key``, no
-        ``unique_for``, unless given here too).
-        """
+        """Return a copy with some options changed (None: unchanged; ``unique=False`` drops every unique option)."""
         values: dict[str, Any] = {key: value for key, value in changes.items() if value is not None}
         if changes.get("unique") is False:
             values.setdefault("unique_key", None)
@@ -131,11 +113,11 @@ class JobDefinition(Generic[P, R]):
         """Return this job with its arguments, ready for ``enqueue_many`` or a chain."""
         return JobCall(self, args, kwargs)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Handle:
         """Store a call of this job and return its handle; it runs once the surrounding transaction commits."""
         return self.bind(*args, **kwargs).enqueue()
 
-    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Handle:
         """``enqueue`` from async code (through ``sync_to_async``, on Django's thread for the ORM)."""
         return await self.bind(*args, **kwargs).aenqueue()
 
@@ -167,21 +149,57 @@ class JobCall:
         """Return this call with a job to enqueue if it fails for good."""
         return dataclasses.replace(self, failure_callback=call)
 
-    def enqueue(self) -> JobHandle:
-        """Store this call (and what follows it); see ``JobDefinition.enqueue``.
-
-        A unique job whose key is held stores nothing: the handle is the holder's,
-        with ``enqueued`` False (docs/unique.md).
-        """
-        # The one upward call: enqueueing needs the models, which ``@job`` must not
-        # import (INSTALLED_APPS imports this package before the app registry is ready).
+    def enqueue(self) -> Handle:
+        """Store this call (and what follows it); a unique job whose key is held stores nothing (docs/unique.md)."""
+        # The one upward call: enqueueing needs the models, which ``@job`` must not import.
         from .enqueue import enqueue_call
 
         return enqueue_call(self)
 
-    async def aenqueue(self) -> JobHandle:
-        handle: JobHandle = await sync_to_async(self.enqueue)()
+    async def aenqueue(self) -> Handle:
+        handle: Handle = await sync_to_async(self.enqueue)()
         return handle
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is now, as a handle reads it; ``status.finished`` is true for the last three."""
+
+    WAITING = "waiting"
+    DELAYED = "delayed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class Handle(typing.Protocol):
+    """What an enqueue returns, for type checkers: the API of ``handles.JobHandle``."""
+
+    id: int
+    name: str
+    queue: str
+    status: JobStatus
+    job_id: int | None
+    errors: list[dict[str, Any]]
+    finished_at: Any
+    enqueued: bool
+
+    @property
+    def job(self) -> Job | None: ...
+    @property
+    def pk(self) -> int: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def result(self) -> Any: ...
+    def refresh(self) -> None: ...
+    async def arefresh(self) -> None: ...
+    def cancel(self, *, hard: bool = False, reason: str = "") -> bool: ...
+    async def acancel(self, *, hard: bool = False, reason: str = "") -> bool: ...
 
 
 def backoff_seconds(backoff: Backoff, attempt: int) -> float:
@@ -264,10 +282,7 @@ def _retry_until_error(value: Any, *, callable_ok: bool) -> str | None:
 
 
 def retry_deadline(name: str, retry_until: RetryUntil) -> str:
-    """Return ``retry_until`` as an ISO timestamp in UTC, a timedelta counted from now.
-
-    Now is this process's clock (the enqueuing one); a callable is called here.
-    """
+    """Return ``retry_until`` as an ISO timestamp in UTC (a callable called, a timedelta from this process's now)."""
     value = retry_until() if callable(retry_until) else retry_until
     error = _retry_until_error(value, callable_ok=False)
     if error is not None:
@@ -308,7 +323,7 @@ def job(func: Callable[P, R], /) -> JobDefinition[P, R]: ...
 @overload
 def job(
     *, takes_context: Literal[True], name: str | None = None, **options: Unpack[JobOptions]
-) -> Callable[[Callable[Concatenate[JobContext, P], R]], JobDefinition[P, R]]: ...
+) -> Callable[[Callable[Concatenate[Any, P], R]], JobDefinition[P, R]]: ...  # Any: a context.JobContext
 
 
 @overload

@@ -1,28 +1,17 @@
 """New job rows and their envelopes: the one place a job row is built.
 
-A new job is a ``NewJob``: the values of its row, with a delay instead of times,
-so the database's clock decides when it was created and when it becomes
-available (``insert`` writes it). Its payload is the envelope: the call's
-encoded arguments and, beside them,
-
-- ``next``: the remaining steps of its chain, run one after another;
-- ``then``: jobs to enqueue once the last step succeeds;
-- ``on_failure``: a job to enqueue if a step fails for good;
-- ``chain``: ``{"id", "step", "total"}``, for progress;
-- ``batch_of``: for a batch's callback, the batch's id (``JobContext.batch``);
-- ``flow``: the flow-control columns, so a retry from ``FailedJob`` takes the same keys;
-- ``trace``: the trace context of its enqueue, with OpenTelemetry (``tracing``).
-
-Each step is JSON data (name, options, encoded arguments), so a ``FailedJob``
-row shows the steps that did not run, and retrying it resumes the chain. A
-chain that is a batch member carries the batch on each step's row
-(``Job.batch_id``): the member ends when its last step does.
+A ``NewJob`` holds a row's values with a delay instead of times (the database's clock sets them).
+Its payload, the envelope, holds the encoded arguments and: ``next`` (the chain's remaining steps),
+``then`` and ``on_failure`` (jobs to enqueue after it), ``chain`` (``{"id", "step", "total"}``),
+``batch_of`` (a batch callback's batch), ``flow`` (its flow columns, for a retry) and ``trace``.
+Each step is JSON data, so a ``FailedJob`` shows the steps that did not run.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -112,9 +101,8 @@ def row_values(new: NewJob, available: Any, created: Any) -> tuple[Any, ...]:
 
 
 def saved_job(using: str, new: NewJob, pk: int | None, available_at: Any, created_at: Any) -> Job:
-    """The saved ``Job`` of ``new``: its attributes set at once, without ``Model.__init__``
-    matching each value to its field (most of the cost of a bulk enqueue's rows);
-    with a ``pre_init`` or ``post_init`` receiver on ``Job``, ``from_db`` as usual."""
+    """The saved ``Job`` of ``new``, its attributes set without ``Model.__init__`` (most of a bulk
+    enqueue's cost); through ``from_db`` if ``Job`` has a ``pre_init`` or ``post_init`` receiver."""
     values = (pk, *row_values(new, available_at, created_at))
     if models.signals.pre_init.has_listeners(Job) or models.signals.post_init.has_listeners(Job):
         by_name = dict(zip(_ATTRS, values, strict=True))
@@ -127,15 +115,18 @@ def saved_job(using: str, new: NewJob, pk: int | None, available_at: Any, create
     return job
 
 
+def _arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], func: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        # With the function: an undeclared model instance is refused here, not by the worker.
+        return payload.encode_arguments(args, kwargs, func)
+    except TypeError as exc:
+        raise TypeError(f"Cannot enqueue {name}: {exc}") from None
+
+
 def step(call: JobCall) -> dict[str, Any]:
     """Return a call as JSON data: name, options and encoded arguments."""
     definition = call.definition
-    try:
-        # With the function: a model instance its annotations do not declare is
-        # refused here, not when a worker fetches it (payload.declared_models).
-        args = payload.encode_arguments(call.args, call.kwargs, definition.func)
-    except TypeError as exc:
-        raise TypeError(f"Cannot enqueue {definition.name}: {exc}") from None
+    args = _arguments(definition.name, call.args, call.kwargs, definition.func)
     values: dict[str, Any] = {
         "name": definition.name,
         "queue": definition.effective_queue,
@@ -162,15 +153,22 @@ def step(call: JobCall) -> dict[str, Any]:
 
 
 def prepare(
-    call: JobCall, *, trace: bool = True, checked: set[tuple[str, str]] | None = None
+    call: JobCall,
+    *,
+    rest: Sequence[JobCall] = (),
+    chain: dict[str, Any] | None = None,
+    trace: bool = True,
+    checked: set[tuple[str, str]] | None = None,
 ) -> tuple[NewJob, unique.Window | None]:
-    """The row of a call, carrying its callbacks, and its ``unique_for`` window; every key
-    callable is called here, once, before anything is stored (``trace``, ``checked``: see ``new_job``)."""
+    """The row of a call with its callbacks (and a chain's ``rest``), and its ``unique_for`` window (key
+    callables called once, here)."""
     first = step(call)
     new = new_job(
         first,
+        next_steps=[step(later) for later in rest],
         then=[step(callback) for callback in call.callbacks],
         on_failure=step(call.failure_callback) if call.failure_callback else None,
+        chain=chain,
         trace=trace,
         checked=checked,
     )
@@ -192,14 +190,19 @@ def new_job(
 ) -> NewJob:
     """Return the row values of a job that runs ``step``, carrying what follows it.
 
-    Every enqueue path (``enqueue``, ``enqueue_many``, chains, follow-ups, the
-    ``django.tasks`` backend) builds its rows here, so this is where the queue name
-    and the payload size are checked; ``check=False`` skips that for follow-ups of
-    a job that was checked when it was enqueued. ``trace=False``: the caller knows
-    there is no trace to record or carry (``tracing.carries``). ``checked``: the
-    (name, queue) pairs found good by earlier calls, added to here (one
-    ``enqueue_many`` checks each pair once).
+    Every enqueue path builds its rows here, so the queue names and the payload size are checked
+    here (``check=False``: a follow-up, checked at its enqueue); ``trace=False``: no trace to carry;
+    ``checked``: (name, queue) pairs found good already, added to.
     """
+    if check:
+        # The steps that follow too: a follow-up is enqueued when the job ends, where an error is only logged.
+        for item in (step, *next_steps, *then, *([on_failure] if on_failure else [])):
+            name, queue = item["name"], item.get("queue")
+            if checked is None or not isinstance(queue, str):
+                check_queue(name, queue)
+            elif (name, queue) not in checked:
+                check_queue(name, queue)
+                checked.add((name, queue))
     envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
     optional = {
         "backoff": step.get("backoff"),
@@ -222,15 +225,6 @@ def new_job(
             envelope[tracing.ENVELOPE_KEY] = carrier
     text = payload.dumps(envelope)
     if check:
-        # The steps that follow are checked now too: a follow-up is enqueued when
-        # the job ends, where an error could only be logged.
-        for item in (step, *next_steps, *then, *([on_failure] if on_failure else [])):
-            name, queue = item["name"], item.get("queue")
-            if checked is None or not isinstance(queue, str):
-                check_queue(name, queue)
-            elif (name, queue) not in checked:
-                check_queue(name, queue)
-                checked.add((name, queue))
         payload.check_size(step["name"], text)
     new = NewJob(
         queue=step["queue"],
@@ -244,8 +238,7 @@ def new_job(
         flow=flow,
         batch_id=batch_id,
     )
-    # Always, ``check`` or not: a step read back from a stored envelope (a chain's
-    # next step, a callback) may hold what no enqueue would have let through.
+    # Always: a step read back from a stored envelope may hold what no enqueue would let through.
     error = validation.row_error({**new._asdict(), **(flow._asdict() if flow else {})})
     if error is not None:
         raise ValueError(f"Cannot enqueue {step['name']}: {error}")
@@ -253,13 +246,10 @@ def new_job(
 
 
 def flow_of(step: dict[str, Any]) -> Flow | None:
-    """The flow-control columns of a step (its ``flow`` dict), or None if it uses none."""
+    """The flow-control columns of a step (its ``flow`` dict), or None; ValueError if it holds anything else."""
     values = step.get("flow")
-    return flow_from(values) if values else None
-
-
-def flow_from(values: Any) -> Flow:
-    """The ``Flow`` a stored ``flow`` dict names; raise ValueError if it holds anything else."""
+    if not values:
+        return None
     if not isinstance(values, dict) or not set(values) <= set(Flow._fields):
         raise ValueError(f"a step's flow must be a dict of {', '.join(Flow._fields)}, not {values!r}")
     return Flow(**values)
@@ -280,18 +270,12 @@ def check_queue(name: str, queue: Any) -> None:
 
 
 class Plain(NamedTuple):
-    """What the rows of one job definition's plain calls share: all but the payload.
-
-    A plain call has nothing to work out but its arguments (no unique key, no limit,
-    no deadline, nothing chained, no trace to carry): its row is ``new_job``'s
-    without the step dict (``tests/test_enqueue_stream.py`` compares the two).
-    """
+    """What the rows of a definition's plain calls (no key, limit, deadline, follow-up or trace)
+    share: ``new_job``'s row without the step dict (tests/test_enqueue_stream.py compares them)."""
 
     row: NewJob  # its payload empty
-    # Envelope keys after the arguments, in ``new_job``'s order.
-    options: dict[str, Any]
-    # The job's function, whose annotations say which models its arguments may be.
-    func: Callable[..., Any]
+    options: dict[str, Any]  # envelope keys after the arguments, in ``new_job``'s order
+    func: Callable[..., Any]  # whose annotations say which models the arguments may be
 
     @classmethod
     def of(cls, definition: JobDefinition[..., Any]) -> Plain | None:
@@ -320,7 +304,7 @@ class Plain(NamedTuple):
 
     @classmethod
     def cached(cls, definition: JobDefinition[..., Any]) -> Plain | None:
-        """``of``, kept on the definition while the settings stay the same (one enqueue at a time)."""
+        """``of``, kept on the definition while the settings stay the same."""
         settings = conf.get_settings()
         kept = definition.__dict__.get("_plain")
         if kept is not None and kept[0] is settings:
@@ -333,11 +317,7 @@ class Plain(NamedTuple):
 
     def new_job(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> NewJob:
         row = self.row
-        try:
-            encoded = payload.encode_arguments(args, kwargs, self.func)
-        except TypeError as exc:
-            raise TypeError(f"Cannot enqueue {row.name}: {exc}") from None
-        text = payload.dumps({"v": payload.VERSION, **encoded, **self.options})
+        text = payload.dumps({"v": payload.VERSION, **_arguments(row.name, args, kwargs, self.func), **self.options})
         payload.check_size(row.name, text)
         return NewJob(row.queue, row.name, text, *row[3:])
 
@@ -357,18 +337,14 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
     """The rows to insert with ``job``'s outcome: its next step or callbacks, or its failure callback."""
     keys = ('"next"', '"then"') if succeeded else ('"on_failure"',)
     if not any(key in job.payload for key in keys):
-        # No such key in the envelope (a string containing one only costs the full parse below).
-        return []
+        return []  # (a string holding such a key only costs the full parse below)
     try:
         data = payload.raw(job.payload)
-        if tracing.enabled:
-            # Built in the context of the run that just ended: the next step continues its trace.
-            with tracing.continued(job, data):
-                return [new.to_job() for new in _follow_ups(job, data, succeeded=succeeded)]
-        return [new.to_job() for new in _follow_ups(job, data, succeeded=succeeded)]
+        # Built in the context of the run that just ended: the next step continues its trace.
+        with tracing.continued(job, data) if tracing.enabled else nullcontext():
+            return [new.to_job() for new in _follow_ups(job, data, succeeded=succeeded)]
     except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
-        # The job itself ran; a malformed follow-up must not undo that.
-        # Not a database error (whose text could quote the row): a message of ours or of the JSON parser.
+        # The job ran; a malformed follow-up must not undo that (a message of ours or the parser's, no row).
         logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)
         return []
 

@@ -1,40 +1,23 @@
 """Traces (OpenTelemetry): a producer span for each job enqueued, a consumer span for each run.
 
-Active only when the ``opentelemetry-api`` package can be imported (the
-``otel`` extra); ``enabled`` says so, decided once when this module is
-imported, and every hook in the rest of the package checks it first, so
-without the package nothing here runs. With the API but no SDK (no tracer
-provider set), no span is made: a context the caller already has is passed on,
-else nothing is written into payloads.
-
-- ``enqueue_context`` (called by ``rows.new_job`` for every row built) starts
-  and ends an ``enqueue <queue>`` span (kind PRODUCER, operation type
-  ``create``: it gives the one job its creation context) and returns the trace
-  context to store in the envelope's ``trace`` key, through the configured
-  propagators (W3C ``traceparent``/``tracestate`` by default).
-- ``start_run``/``end_run`` (called by ``execution``) wrap one run in a
-  ``run <queue>`` span (kind CONSUMER, operation type ``process``) whose parent
-  is the stored context and which also links to it; the span is the current one
-  while the job runs, so the job's own spans are its children.
-- ``continued`` makes the finished run's span current while what follows a job
-  (a chain's next step, callbacks) is built, so those carry it on.
+Active only with the ``otel`` extra (``enabled``, checked by every hook first); with the API but
+no SDK no span is made, and a context the caller has is passed on. ``enqueue_context`` gives the
+envelope's ``trace`` key; ``start_run``/``end_run`` wrap a run in a span whose parent (and link)
+is that context; ``continued`` makes the run's context current while its follow-ups are built.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import clean
 
 if TYPE_CHECKING:
-    from contextvars import Token
-    from types import TracebackType
-
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
-
-    from .models import Job
 
 try:
     from opentelemetry import context as otel_context
@@ -43,6 +26,18 @@ except ImportError:  # the otel extra is not installed: every hook is skipped
     enabled = False
 else:
     enabled = True
+
+
+class Job(Protocol):
+    """What a span reads of a ``models.Job`` row."""
+
+    name: str
+    queue: str
+    attempts: int
+    payload: str
+
+    @property
+    def pk(self) -> Any: ...
 
 
 class Prepared(Protocol):
@@ -71,10 +66,8 @@ class Outcome(Protocol):
     def exception_class(self) -> str: ...
 
 
-# The envelope key that holds the trace context of the job's enqueue span.
-ENVELOPE_KEY = "trace"
+ENVELOPE_KEY = "trace"  # the envelope key of the enqueue span's context
 SYSTEM = "django_dbqueue"
-# Where a run keeps its span's context on the job instance, for ``continued``.
 _RUN_CONTEXT = "_dbqueue_trace_context"
 
 _tracer: Tracer | None = None
@@ -92,27 +85,23 @@ def _get_tracer() -> Tracer | None:
     """The tracer to make spans with; None while its spans would be no-ops (no SDK)."""
     global _tracer
     if _tracer is None:
-        # Without a provider of our own: the global one's proxy tracer, which follows
-        # a provider set later (``trace.set_tracer_provider``).
+        # Else the global one's proxy tracer, which follows a provider set later.
         provider = _provider if _provider is not None else trace.get_tracer_provider()
         _tracer = provider.get_tracer("django_dbqueue")
-    # A proxy tracer delegates to a NoOpTracer until a provider is set. Its private
-    # ``_tracer`` tells so in 0.1 µs, where a no-op span with its attributes costs
-    # 2 to 4; if the attribute ever goes, spans are simply started and found invalid.
+    # A proxy delegates to a NoOpTracer until a provider is set: its private ``_tracer`` tells
+    # so far faster than a no-op span (without it, spans are started and found invalid).
     if isinstance(getattr(_tracer, "_tracer", _tracer), trace.NoOpTracer):
         return None
     return _tracer
 
 
 def carries() -> bool:
-    """Tell whether ``enqueue_context`` may return something now: a span would be
-    recorded, or the caller's context passed on (asked once for many enqueues)."""
+    """Tell whether ``enqueue_context`` may return something now (asked once for many enqueues)."""
     return _get_tracer() is not None or trace.get_current_span().get_span_context().is_valid
 
 
 def enqueue_context(step: dict[str, Any]) -> dict[str, str] | None:
-    """Record the enqueue of ``step`` as a span; return the trace context to store with the
-    job, or None when there is none to carry."""
+    """Record the enqueue of ``step`` as a span; return the trace context to store, or None."""
     tracer = _get_tracer()
     if tracer is None:
         # No SDK: no span, and the caller's own context, if it has one, is passed on.
@@ -165,13 +154,11 @@ class Run:
 
 
 def start_run(prepared: Prepared) -> Run | None:
-    """Start the consumer span of a prepared job's run and make it current in this thread
-    (or task); None when there is nothing to record or carry (no SDK, no stored context)."""
+    """Start the consumer span of a prepared job's run and make it current here; None: nothing to carry."""
     parent = _stored_context(prepared.envelope)
     tracer = _get_tracer()
     if tracer is None:
-        # No SDK: the stored context is current while the job runs, so the job's own
-        # calls pass it on.
+        # No SDK: the stored context is current while the job runs, so its own calls pass it on.
         return Run(None, parent) if parent is not None else None
     span = _start_run_span(tracer, prepared.job, prepared.worker_id, parent)
     return Run(span, trace.set_span_in_context(span, parent))
@@ -242,43 +229,27 @@ def _finish(span: Span, outcome: Outcome | None) -> None:
 
 
 def _record_error(span: Span, outcome: Outcome) -> None:
-    """Record a run's exception and set the span's status to ERROR, with the error
-    text cleaned as it is for ``FailedJob`` (spans leave for another system)."""
+    """Record a run's exception and the span's ERROR status, the text cleaned as for ``FailedJob``."""
     exception = outcome.exception
     assert exception is not None
     message = clean(str(exception))
     span.set_attribute("error.type", outcome.exception_class)
     span.record_exception(
         exception,
-        # The SDK would format the traceback itself, uncleaned; the outcome's error is
-        # the traceback cleaned (or why the job could not run).
+        # Not the SDK's own uncleaned traceback: the outcome's error, cleaned.
         attributes={"exception.message": message, "exception.stacktrace": outcome.error},
     )
     span.set_status(trace.StatusCode.ERROR, f"{type(exception).__name__}: {message}")
 
 
-def continued(job: Job, envelope: dict[str, Any]) -> Continued:
-    """Make the context of ``job``'s finished run current inside ``with`` (else, for a job
-    this process did not run, the context stored in its ``envelope``), so the jobs
-    enqueued inside carry it on."""
-    return Continued(job.__dict__.get(_RUN_CONTEXT) or _stored_context(envelope))
-
-
-class Continued:
-    """A context made current inside ``with`` (see ``continued``)."""
-
-    __slots__ = ("context", "token")
-
-    def __init__(self, context: Context | None) -> None:
-        self.context = context
-        self.token: Token[Context] | None = None
-
-    def __enter__(self) -> None:
-        if self.context is not None:
-            self.token = otel_context.attach(self.context)
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self.token is not None:
-            otel_context.detach(self.token)
+@contextmanager
+def continued(job: Job, envelope: dict[str, Any]) -> Iterator[None]:
+    """Make the context of ``job``'s finished run (else the one its ``envelope`` stores) current inside
+    ``with``, so the jobs enqueued inside carry it on."""
+    context = job.__dict__.get(_RUN_CONTEXT) or _stored_context(envelope)
+    token = otel_context.attach(context) if context is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)

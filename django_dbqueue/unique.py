@@ -1,17 +1,8 @@
-"""Unique jobs: at most one job row per unique key, enforced by a unique index.
+"""Unique jobs: at most one job row per unique key, enforced by a unique index on ``Job.unique_key``.
 
-``@job(unique=True)`` keys a call by its job name and arguments (or by
-``unique_key``); the row holds the key while it waits, is delayed or runs
-("until_finished", the default), or only until a worker claims it
-("until_started": the claim statement sets the key to NULL). The key is freed
-when the row is deleted (success) or moves to ``FailedJob``. The index is
-unique on ``Job.unique_key`` (partial, NULLs left out, on PostgreSQL and
-SQLite), so two enqueues of one key in two transactions cannot both commit;
-``insert.insert_many`` leaves out a job whose key is held (``insert.Held``).
-
-``@job(unique_for=seconds)`` adds a window: once a job of the key is enqueued,
-no other is for that long, whatever became of the first (``Window``; its rows
-are locked and opened by ``enqueue``). See docs/unique.md.
+A call is keyed by its job name and arguments (or ``unique_key``); its row holds the key until it
+ends ("until_finished") or is claimed ("until_started"). ``unique_for`` adds a window: no other job
+of the key for that long after an enqueue (``Window``; ``enqueue`` locks its rows). docs/unique.md.
 """
 
 from __future__ import annotations
@@ -56,11 +47,8 @@ def options_error(definition: Definition) -> str | None:
 
 
 def key_of(definition: Definition, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """The stored key of one call: the job's name, then its ``unique_key`` or a hash of its arguments.
-
-    The arguments are first bound to the function's parameters, defaults
-    included, so ``f(1)``, ``f(x=1)`` and ``f(1, y=<y's default>)`` are one call.
-    """
+    """The stored key of one call: the job's name, then its ``unique_key`` or a hash of its arguments
+    bound to the parameters, defaults included (``f(1)`` and ``f(x=1)`` are one call)."""
     given: str | Callable[..., Any] | None = definition.unique_key
     if given is None:
         encoded = payload.encode_arguments(*_bound(definition, args, kwargs))
@@ -107,9 +95,6 @@ def step_values(definition: Definition, args: tuple[Any, ...], kwargs: dict[str,
     if held == UNTIL_STARTED:
         values["unique_until_start"] = True
     return values
-
-
-# -- windows (``unique_for``) --------------------------------------------------
 
 
 class Window(NamedTuple):

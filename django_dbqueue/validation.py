@@ -1,7 +1,6 @@
 """Bounds and names the queue accepts, shared by enqueue, the commands and the system checks.
 
-The bounds are the columns' own, so a value that passes is never cut or refused
-by the database later.
+The bounds are the columns' own, so a value that passes is never cut or refused by the database.
 """
 
 from __future__ import annotations
@@ -11,8 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
-# A queue name: letters, digits and ``_ . : -``, starting with a letter or digit;
-# no spaces, so a stray space or a typo in a command line is an error, not a new queue.
+# Letters, digits and ``_ . : -``: a stray space in a command line is an error, not a new queue.
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
 # The ``queue`` columns are varchar(100).
 QUEUE_NAME_MAX_LENGTH = 100
@@ -45,8 +43,7 @@ def check_queue_name(name: Any) -> str:
     return str(name)
 
 
-# Flow-control keys (unique, concurrency, rate) are varchar(255); a longer one is
-# stored as its start and a hash of the whole.
+# Flow-control keys are varchar(255); a longer one is stored as its start and a hash of the whole.
 KEY_MAX_LENGTH = 255
 
 
@@ -76,12 +73,9 @@ def shorten_key(key: str) -> str:
     return f"{key[: KEY_MAX_LENGTH - len(digest) - 1]}#{digest}"
 
 
-# The bounds of the job table's numbered columns, (lowest, highest or None), as the
-# table's CHECK constraint ``dbqueue_job_bounds`` holds them (migration 0014) and
-# every path that builds a row checks them first. The worker relies on each: a
-# negative timeout would end its process at once, a retry_after below 1 would
-# reclaim a running job, a concurrency_limit below 1 would block its key forever,
-# a cancel level it does not know would never be acted on.
+# The numbered columns' (lowest, highest or None), as the CHECK ``dbqueue_job_bounds`` holds them
+# (migration 0014) and every row builder checks first: the worker relies on each (a negative
+# timeout would end its process, a retry_after below 1 reclaim a running job, ...).
 ROW_BOUNDS: dict[str, tuple[int, int | None]] = {
     "priority": (MIN_PRIORITY, MAX_PRIORITY),
     "attempts": (0, None),
@@ -108,11 +102,7 @@ def _size(text: Any) -> str:
 
 
 def row_error(values: Any) -> str | None:
-    """Why a job row with these column values cannot be stored or run, or None.
-
-    ``values`` maps column names to values (a ``Job``'s ``__dict__``, a ``NewJob``'s
-    ``_asdict()``); columns it leaves out are not checked.
-    """
+    """Why a job row with these column values (a mapping; missing columns unchecked) cannot be stored, or None."""
     for column, (low, high) in ROW_BOUNDS.items():
         if column not in values:
             continue
