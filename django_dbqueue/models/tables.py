@@ -33,10 +33,7 @@ class JobProgress(models.Model):
         verbose_name_plural = "job progress"
         indexes = [models.Index(fields=["updated_at"], name="dbqueue_progress_updated")]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(percent__gte=0, percent__lte=100),
-                name="dbqueue_progress_percent_range",
-            ),
+            models.CheckConstraint(condition=Q(percent__gte=0, percent__lte=100), name="dbqueue_progress_percent_range")
         ]
 
     def __str__(self) -> str:
@@ -336,9 +333,8 @@ class JobBatch(models.Model):
         permissions = [("cancel_batch", "Can cancel batches")]
         constraints = [
             models.CheckConstraint(
-                condition=Q(pending__lte=F("total")) & Q(failed__lte=F("total")),
-                name="dbqueue_batch_counts",
-            ),
+                condition=Q(pending__lte=F("total")) & Q(failed__lte=F("total")), name="dbqueue_batch_counts"
+            )
         ]
 
     def __str__(self) -> str:
@@ -383,19 +379,6 @@ class JobHistory(models.Model):
     failed = models.PositiveBigIntegerField(default=0)
     retried = models.PositiveBigIntegerField(default=0)
     run_time = models.FloatField(default=0)
-    h0 = models.PositiveBigIntegerField(default=0)
-    h1 = models.PositiveBigIntegerField(default=0)
-    h2 = models.PositiveBigIntegerField(default=0)
-    h3 = models.PositiveBigIntegerField(default=0)
-    h4 = models.PositiveBigIntegerField(default=0)
-    h5 = models.PositiveBigIntegerField(default=0)
-    h6 = models.PositiveBigIntegerField(default=0)
-    h7 = models.PositiveBigIntegerField(default=0)
-    h8 = models.PositiveBigIntegerField(default=0)
-    h9 = models.PositiveBigIntegerField(default=0)
-    h10 = models.PositiveBigIntegerField(default=0)
-    h11 = models.PositiveBigIntegerField(default=0)
-    h12 = models.PositiveBigIntegerField(default=0)
 
     objects = QueueDatabaseManager()
 
@@ -407,3 +390,8 @@ class JobHistory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bucket:%Y-%m-%d %H:%M} {self.queue} {self.name}"
+
+
+# h0..h12: the runs by run time, in the buckets of ``history.BOUNDS`` (added as the migrations made them).
+for _bin in range(13):
+    JobHistory.add_to_class(f"h{_bin}", models.PositiveBigIntegerField(default=0))
