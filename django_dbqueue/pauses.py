@@ -45,13 +45,8 @@ def pause_many(queues: Iterable[str], *, force: bool = False) -> dict[str, bool]
         for queue in names:
             _, created = PausedQueue.objects.get_or_create(queue=queue, defaults={"paused_at": DbNow()})
             changed[queue] = created
-        # At once, for claims on this connection, and again when the change is visible to others.
-        forget_paused()
-        transaction.on_commit(forget_paused, using=alias())
-    for queue, created in changed.items():
-        if created:
-            logger.info("queue paused queue=%s", queue)
-            _send(queue_paused, queue)
+        _forget_paused(alias())
+    _announce(queue_paused, "paused", changed)
     return changed
 
 
@@ -70,17 +65,13 @@ def resume_many(queues: Iterable[str]) -> dict[str, bool]:
         for queue in names:
             deleted, _ = PausedQueue.objects.filter(queue=queue).delete()
             changed[queue] = bool(deleted)
-        # At once, for claims on this connection, and again when the change is visible to others.
-        forget_paused()
-        transaction.on_commit(forget_paused, using=using)
+        _forget_paused(using)
         resumed = [queue for queue, was_paused in changed.items() if was_paused]
         if resumed and connections[using].vendor == "postgresql":
             with connections[using].cursor() as cursor:
                 for queue in resumed:
                     cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
-    for queue in resumed:
-        logger.info("queue resumed queue=%s", queue)
-        _send(queue_resumed, queue)
+    _announce(queue_resumed, "resumed", changed)
     return changed
 
 
@@ -145,11 +136,19 @@ def _unknown_message(unknown: list[str]) -> str:
     return f"{which}: {why}; pass force=True (queue_pause --force) to pause a queue before anything uses it"
 
 
-def _send(signal: Any, queue: str) -> None:
-    """Send a pause signal; a receiver that raises is logged and changes nothing."""
-    for receiver, response in signal.send_robust(sender=PausedQueue, queue=queue):
-        if isinstance(response, Exception):
-            logger.error("queue signal receiver %r raised", receiver, exc_info=response)
+def _forget_paused(using: str) -> None:
+    """Forget the paused queues at once, for claims on this connection, and again at commit, for others."""
+    forget_paused()
+    transaction.on_commit(forget_paused, using=using)
+
+
+def _announce(signal: Any, done: str, changed: dict[str, bool]) -> None:
+    """Log and signal each queue ``changed`` (paused or resumed); a receiver that raises is logged."""
+    for queue in (queue for queue, was_changed in changed.items() if was_changed):
+        logger.info("queue %s queue=%s", done, queue)
+        for receiver, response in signal.send_robust(sender=PausedQueue, queue=queue):
+            if isinstance(response, Exception):
+                logger.error("queue signal receiver %r raised", receiver, exc_info=response)
 
 
 # The names the package root exports.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from django.db import connections, transaction
@@ -91,7 +92,7 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rat
     readable = _readable(using, rows)
     moved = len(rows) - len(readable)
     rows = readable
-    slots = Slots.lock(using, rows)
+    slots = _lock_slots(using, rows)
     _lock_buckets(using, buckets, rows)
     admitted: list[Job] = []
     saturated: set[str] = set()
@@ -99,14 +100,15 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rat
     for row in rows:
         if len(admitted) == limit:
             break
-        if row.concurrency_key and not slots.free(row):
-            saturated.add(row.concurrency_key)
+        key = row.concurrency_key
+        if key and slots[key] >= (row.concurrency_limit or 1):
+            saturated.add(key)
             continue
         if row.rate_key and not buckets.take(row):
             held.append(row)
             continue
-        if row.concurrency_key:
-            slots.take(row)
+        if key:
+            slots[key] += 1
         admitted.append(row)
     if admitted:
         if claims_with_skip_locked(using):
@@ -139,27 +141,13 @@ def _hint(seconds: float | None) -> None:
     _hints.seconds = seconds if current is None else min(current, seconds)
 
 
-class Slots:
-    """The running count of each key of some candidate rows, read under the keys' locks."""
-
-    def __init__(self, counts: dict[str, int]) -> None:
-        self.running = counts
-
-    @classmethod
-    def lock(cls, using: str, rows: Sequence[Job]) -> Slots:
-        keys = sorted({row.concurrency_key for row in rows if row.concurrency_key})
-        if not keys:
-            return cls({})
-        FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in keys])
-        return cls(running(using, keys))
-
-    def free(self, row: Job) -> bool:
-        assert row.concurrency_key
-        return self.running.get(row.concurrency_key, 0) < (row.concurrency_limit or 1)
-
-    def take(self, row: Job) -> None:
-        assert row.concurrency_key
-        self.running[row.concurrency_key] = self.running.get(row.concurrency_key, 0) + 1
+def _lock_slots(using: str, rows: Sequence[Job]) -> Counter[str]:
+    """The reserved rows of each concurrency key of ``rows``, read under the keys' locks."""
+    keys = sorted({row.concurrency_key for row in rows if row.concurrency_key})
+    if not keys:
+        return Counter()
+    FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in keys])
+    return Counter(running(using, keys))
 
 
 def block(using: str, keys: Iterable[str]) -> int:

@@ -69,7 +69,8 @@ def _change_held(
 ) -> bool:
     """Apply ``change`` to the row of ``job`` if its reservation is still ``job``'s (and its
     columns ``still`` as given); run the reactions to ``outcome`` and insert ``follow`` with it."""
-    queryset = Job.objects.get_queryset().held(job).filter(**still)
+    queryset = Job.objects.get_queryset().held(job)
+    queryset = queryset.filter(**still) if still else queryset
     follow = list(follow)
     with transaction.atomic(using=queryset.db) if follow or reacts(outcome, [job]) else nullcontext():
         done = bool(change(queryset))
@@ -173,9 +174,6 @@ def fail(
         read_back(failed, "failed_at")
         react(queryset.db, {FAILED: [job]})
         return failed
-
-
-# -- cancel ---------------------------------------------------------------------------
 
 
 def cancel(job_id: int, *, hard: bool = False, reason: str = "") -> str:

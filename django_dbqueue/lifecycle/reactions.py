@@ -33,8 +33,6 @@ SUCCEEDED, FAILED, RELEASED, CANCELLED, RETRIED_BACK, LEFT = (
 )  # fmt: skip
 
 
-# -- the one subscription point -----------------------------------------------------
-
 Reaction = Callable[[str, Mapping[str, Sequence[Any]], list[Job]], None]
 
 
