@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -397,9 +397,7 @@ class Ticker:
     def __enter__(self) -> Ticker:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _count(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:

@@ -18,7 +18,8 @@ from django.db.models import Case, F, Value, When
 from .. import rates, validation
 from ..concurrency import limit_key
 from ..db import claims_with_skip_locked
-from ..lifecycle import move_aside, running, sweep
+from ..lifecycle import move_aside, sweep
+from ..lifecycle.reactions import running
 from ..models import FlowLimit, Job
 from .plain import candidates, reserve_locked, reserve_one
 

@@ -17,7 +17,7 @@ from django.db.models import Case, F, Value, When
 
 from .. import validation
 from ..db import bound_cursor, cached_sql, caused_by_lost_connection, claims_with_skip_locked
-from ..lifecycle import delete_returning, delete_sql, move_aside
+from ..lifecycle.changes import delete_returning, delete_sql, move_aside
 from ..models import DB_NOW, Job, JobBatch, JobQuerySet, sql_names
 
 # Queues whose plain claims on PostgreSQL free the keys of jobs unique "until started" in the
@@ -277,7 +277,7 @@ _CLAIM_SQL = {
 
 
 def finish_and_claim_sql(connection: Any, walk: bool, clear: bool, members: bool) -> str:
-    """PostgreSQL: ``lifecycle.delete_sql`` and ``claim_sql`` in one statement.
+    """PostgreSQL: ``lifecycle.changes.delete_sql`` and ``claim_sql`` in one statement.
 
     Each row holds the array of deleted ids, then a claimed row's columns (NULLs when none was
     claimed). With ``members``, each batch's ``pending`` goes down by its members deleted, and

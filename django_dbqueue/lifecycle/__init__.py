@@ -11,8 +11,6 @@ from .changes import (
     cancel_requests,
     delete,
     delete_many,
-    delete_returning,
-    delete_sql,
     delete_unreserved,
     delete_waiting,
     extend,
@@ -31,17 +29,14 @@ from .reactions import (
     finish_batch,
     finished_by_members,
     members_ended,
-    reacts,
-    running,
     sweep,
     unblock,
 )
 from .retry import retry
 
 __all__ = [
-    "CALLBACKS", "REACTIONS", "cancel", "cancel_batch", "cancel_requests",
-    "delete", "delete_many", "delete_returning", "delete_sql", "delete_unreserved",
-    "delete_waiting", "extend", "extend_many", "fail", "finish_batch", "finished_by_members",
-    "members_ended", "move_aside", "reacts", "reclaim_expired", "reclaim_worker", "release",
-    "retry", "run_now", "running", "skip_member", "sweep", "unblock",
+    "CALLBACKS", "REACTIONS", "cancel", "cancel_batch", "cancel_requests", "delete", "delete_many",
+    "delete_unreserved", "delete_waiting", "extend", "extend_many", "fail", "finish_batch",
+    "finished_by_members", "members_ended", "move_aside", "reclaim_expired", "reclaim_worker",
+    "release", "retry", "run_now", "skip_member", "sweep", "unblock",
 ]  # fmt: skip

@@ -14,7 +14,16 @@ from django.db.models.functions import Substr
 from .jobs import DB_NOW, Job, QueueDatabaseManager
 
 
-class JobProgress(models.Model):
+class QueueTable(models.Model):
+    """A table of the queue, read and written on the queue's database."""
+
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        abstract = True
+
+
+class JobProgress(QueueTable):
     """Progress of one job (key = its id) or chain (key = ``chain:<id>``)."""
 
     id = models.BigAutoField(primary_key=True)
@@ -25,8 +34,6 @@ class JobProgress(models.Model):
     failed = models.BooleanField(default=False)
     error = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_job_progress"
@@ -40,13 +47,11 @@ class JobProgress(models.Model):
         return f"{self.key}: {self.percent:.0f}%"
 
 
-class QueueControl(models.Model):
+class QueueControl(QueueTable):
     """Markers every worker on every host reads, such as a restart request."""
 
     key = models.CharField(max_length=100, unique=True)
     updated_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_control"
@@ -56,7 +61,7 @@ class QueueControl(models.Model):
         return f"{self.key} at {self.updated_at}"
 
 
-class QueueWorker(models.Model):
+class QueueWorker(QueueTable):
     """A live worker process, written at start and by its heartbeat; removed when it stops."""
 
     id = models.BigAutoField(primary_key=True)
@@ -74,8 +79,6 @@ class QueueWorker(models.Model):
     running = models.PositiveIntegerField(default=0, db_default=0)
     current_job = models.CharField(max_length=255, blank=True, default="", db_default="")
 
-    objects = QueueDatabaseManager()
-
     class Meta:
         db_table = "dbqueue_worker"
         verbose_name = "worker"
@@ -89,7 +92,7 @@ class QueueWorker(models.Model):
         return [queue for queue in self.queues.split(",") if queue]
 
 
-class TaskResultRecord(models.Model):
+class TaskResultRecord(QueueTable):
     """The outcome of a ``django.tasks`` task, kept after its job row is gone."""
 
     id = models.CharField(max_length=64, primary_key=True)
@@ -111,8 +114,6 @@ class TaskResultRecord(models.Model):
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    objects = QueueDatabaseManager()
-
     class Meta:
         db_table = "dbqueue_task_result"
         verbose_name = "task result"
@@ -122,7 +123,7 @@ class TaskResultRecord(models.Model):
         return f"{self.task_path} {self.id}: {self.status}"
 
 
-class ScheduleState(models.Model):
+class ScheduleState(QueueTable):
     """Where one periodic schedule declared in code stands (``schedules``): next tick, last run, enabled.
 
     A row whose schedule left the code is kept, with its history, and shown as stale.
@@ -147,8 +148,6 @@ class ScheduleState(models.Model):
     skipped = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     # The database's clock, on rows read by queries that annotate it.
     db_now: datetime
@@ -237,14 +236,12 @@ class FlowLimit(models.Model):
         return self.key
 
 
-class UniqueWindow(models.Model):
+class UniqueWindow(QueueTable):
     """A unique key taken for a time (``@job(unique_for=...)``), whatever became of its job."""
 
     key = models.CharField(max_length=255, unique=True)
     job_id = models.BigIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_unique_window"
@@ -255,13 +252,11 @@ class UniqueWindow(models.Model):
         return self.key
 
 
-class PausedQueue(models.Model):
+class PausedQueue(QueueTable):
     """A paused queue: workers claim none of its jobs until it is resumed (the row deleted)."""
 
     queue = models.CharField(max_length=100, unique=True)
     paused_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_paused_queue"
@@ -363,7 +358,7 @@ class JobBatch(models.Model):
         return BatchState.FAILED if self.failed else BatchState.FINISHED
 
 
-class JobHistory(models.Model):
+class JobHistory(QueueTable):
     """Counts of job runs per minute, queue and job name, added by each heartbeat (history.py).
 
     ``run_time`` totals the seconds of the runs that ended; ``h0``..``h12`` count them
@@ -379,8 +374,6 @@ class JobHistory(models.Model):
     failed = models.PositiveBigIntegerField(default=0)
     retried = models.PositiveBigIntegerField(default=0)
     run_time = models.FloatField(default=0)
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_history"
