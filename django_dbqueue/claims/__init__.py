@@ -65,20 +65,22 @@ def reserve_many(
     if limit < 1:
         raise ValueError("limit must be at least 1")
     using = Job.objects.db_manager(using).get_queryset().db
-    jobs = claim(using, queues, limit, worker_id)
-    if not jobs:
-        jobs = _reclaim_and_claim(using, queues, limit, worker_id, default_tries, before_reclaim)
-    return jobs
+    return _claim_or_reclaim(using, queues, queues, limit, worker_id, default_tries, before_reclaim)
 
 
-def _reclaim_and_claim(
+def _claim_or_reclaim(
     using: str,
+    first: Sequence[str],
     queues: Sequence[str],
     limit: int,
     worker_id: str,
     default_tries: int | None,
     before_reclaim: Callable[[], None] | None,
 ) -> list[Job]:
+    """Claim from ``first``; if nothing, reclaim what was lost and claim ``queues`` once more."""
+    jobs = claim(using, first, limit, worker_id)
+    if jobs:
+        return jobs
     if before_reclaim is not None:
         before_reclaim()
     reclaimed = reclaim_expired(default_tries=default_tries)
@@ -135,9 +137,8 @@ def finish_and_reserve(
     jobs = plain_claimed(using, queues[0], plain.from_claim(using, [row[1:] for row in rows if row[1] is not None]))
     if not jobs:
         # The first queue is empty: the others (all if a batch finished: its callbacks came after).
-        jobs = claim(using, queues if finished else queues[1:], limit, worker_id)
-        if not jobs:
-            jobs = _reclaim_and_claim(using, queues, limit, worker_id, default_tries, before_reclaim)
+        others = queues if finished else queues[1:]
+        jobs = _claim_or_reclaim(using, others, queues, limit, worker_id, default_tries, before_reclaim)
     return deleted, jobs
 
 
