@@ -1,25 +1,9 @@
 """Concurrency limits: at most ``concurrency_limit`` running jobs per ``concurrency_key``.
 
-A job row carries its key and its limit. A claim that meets rows with keys
-locks each key's ``FlowLimit`` row (in key order), counts the key's reserved
-rows, and takes a row only while that count is under the limit; so two
-claims of one key, on any workers and hosts, take turns, and the count they
-read is exact. When a key is saturated, the claim *blocks* the key's waiting
-rows (``blocked = true``): claims no longer read them (the waiting index on
-PostgreSQL leaves them out).
-
-This module holds the options; the claim's side is ``claims.flow`` (it imports
-no models: ``registry`` imports it before the app registry is ready). A
-transaction that ends a reservation of a keyed job (success, failure, release,
-reclaim) locks the key's row too and unblocks as many of its rows as there are
-free slots (``lifecycle.unblock``), so a slot never stays free while a row
-waits blocked; idle workers also sweep blocked keys now and then, in case a
-limit was raised in code.
-
-A reserved row holds its slot until its reservation ends: a worker killed
-with ``kill -9`` holds it until the row is reclaimed (at once by a
-``--concurrency`` supervisor, else ``retry_after`` after the reservation's
-last heartbeat).
+The options and the keys; no models (``registry`` imports this before the app registry is
+ready). The claim's side is ``claims.flow``: it counts a key's reserved rows under the lock
+of its ``FlowLimit`` row and blocks the waiting rows of a saturated key; ``lifecycle.unblock``
+frees them when a reservation of the key ends.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""When a schedule ticks: cron expressions and plain intervals, in a time zone, and what to do
-with the ticks that passed while no worker ticked.
-
-Cron expressions are computed by ``cronsim`` in the schedule's time zone, with Debian cron's
-rules for daylight-saving time: a job at a fixed time in the hour that spring-forward skips runs
-right after the jump, and once (at the first pass) in the hour that autumn repeats; a job whose
-minute or hour field starts with ``*`` follows real time.
+"""When a schedule ticks: cron expressions (by ``cronsim``, with Debian cron's rules for
+daylight-saving time) and plain intervals, in a time zone, and what to do with the ticks that
+passed while no worker ticked.
 """
 
 from __future__ import annotations
@@ -30,20 +26,17 @@ SHORTHANDS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-# A tick enqueued at most this many seconds after its time is on time (workers
-# were busy, a worker died mid-tick: every such tick runs, in order); a later one
-# was missed while no worker ticked, and the schedule's ``missed`` policy applies.
+# A tick enqueued at most this many seconds late is on time; a later one was missed and the
+# schedule's ``missed`` policy applies.
 ON_TIME = 10.0
 # Missed ticks counted one by one before the latest is found by iterating backwards.
 COUNT_MISSED = 1000
 
 
 class Missed(enum.StrEnum):
-    """What to do with the ticks that passed while no worker ticked."""
+    """What to do with the ticks that passed while no worker ticked: one run for the latest, or none."""
 
-    # One run, for the latest of them.
     ONCE = "once"
-    # No run: the schedule waits for its next tick.
     SKIP = "skip"
 
 
@@ -61,8 +54,7 @@ class Timing:
 
     cron: str | None = None
     every: int | None = None
-    # None: settings.TIME_ZONE.
-    timezone: str | None = None
+    timezone: str | None = None  # None: settings.TIME_ZONE
     missed: Missed = Missed.ONCE
 
     @property
@@ -106,8 +98,7 @@ class Timing:
                 seconds += step
         last = after.astimezone(UTC)
         for tick in CronSim(_fields(self.cron or ""), after.astimezone(self.zone)):
-            # Compared in UTC: aware times of one zone compare by wall clock, and in the
-            # hour autumn repeats a fixed-time tick can fall before ``after``.
+            # In UTC: aware times of one zone compare by wall clock (autumn's repeated hour).
             moment = tick.astimezone(UTC)
             if moment > last:
                 last = moment

@@ -1,20 +1,9 @@
 """Rate limits: at most N job starts per period, per job (or per key) and per queue.
 
-A limit is a token bucket kept in a ``FlowLimit`` row: ``tokens`` (at most the
-burst) and ``updated_at`` (the database's clock). A claim locks the bucket's
-row, adds the tokens earned since ``updated_at`` at N per period, and reserves
-one job per whole token it spends; so all workers share one bucket and its
-clock. Over any span of T seconds the starts are at most ``burst + N * T / period``:
-the burst (default: a tenth of N, at least 1) bounds how far a span of one
-period can exceed N.
-
-A job held back by its own limit (``@job(rate_limit=...)``) stays waiting,
-with its ``available_at`` moved to when its bucket will have a token for it
-(later jobs of the bucket spaced at the bucket's rate), and spends no try. A
-queue's limit (``DBQUEUE["RATE_LIMITS"]``) makes its claims take no more jobs
-than it has tokens; its jobs are not moved. A start is counted when the job
-is claimed: a worker that claims ahead (``--batch``, ``--threads``) may start
-it a little later.
+A limit is a token bucket in a ``FlowLimit`` row (``tokens``, ``updated_at`` by the database's
+clock), locked and refilled by the claims that spend it: over any T seconds the starts are at
+most ``burst + N * T / period``. A job held back by its own limit is moved to when its bucket
+has a token (no try spent); a queue's limit (``DBQUEUE["RATE_LIMITS"]``) caps its claims.
 """
 
 from __future__ import annotations
@@ -58,8 +47,7 @@ class Rate:
         return self.count / self.seconds
 
     @property
-    def text(self) -> str:
-        """As stored in ``Job.rate_limit``."""
+    def text(self) -> str:  # as stored in Job.rate_limit
         return f"{self.count}/{self.seconds:g}/{self.burst}"
 
     @classmethod
@@ -69,10 +57,7 @@ class Rate:
 
 
 def parse(spec: Any, burst: Any = None) -> Rate:
-    """A rate from ``"N/unit"`` (``"100/m"``, ``"20/s"``, ``"5000/h"``, ``"10/5s"``, ``"3/day"``).
-
-    Raise ValueError saying what is wrong.
-    """
+    """A rate from ``"N/unit"`` (``"100/m"``, ``"20/s"``, ``"10/5s"``, ``"3/day"``); ValueError says what is wrong."""
     if not isinstance(spec, str) or not (match := _SPEC.match(spec.lower())):
         raise ValueError(
             f"a rate limit is written 'N/unit' with unit s, m, h or d (such as '100/m', '20/s', '10/5s'), not {spec!r}"
@@ -157,10 +142,8 @@ class Bucket:
     def __init__(self, row: FlowLimit, rate: Rate) -> None:
         self.row = row
         self.rate = rate
-        # The clock read by the locking statement, taken when it started: a claim
-        # that waited for the lock behind a longer one may read an earlier time
-        # than the one stored. The bucket's time never goes back, or the wait
-        # would be earned twice.
+        # A claim that waited for the lock may read an earlier clock than the one stored:
+        # the bucket's time never goes back, or the wait would be earned twice.
         now: datetime = row.db_now if row.updated_at is None else max(row.db_now, row.updated_at)
         if row.updated_at is None:
             row.tokens = float(rate.burst)
@@ -187,8 +170,7 @@ class Bucket:
         return max(0.0, (1 - self.row.tokens) / self.rate.per_second)
 
     def hold(self) -> datetime:
-        """When the next job held back by this bucket may start: when the bucket has a
-        token for it, after the jobs held back before it (by any claim), at the bucket's rate."""
+        """When the next job held back by this bucket may start: after those held back before it, at its rate."""
         self.held = True
         first = self.now + timedelta(seconds=self.wait())
         held_until = self.row.held_until
@@ -198,8 +180,7 @@ class Bucket:
 
 
 class Buckets:
-    """The buckets of a claim's candidate rows (their ``rate_key``), each locked once
-    (``claims.flow`` locks their rows, in key order)."""
+    """The buckets of a claim's candidate rows (their ``rate_key``), each locked once by ``claims.flow``."""
 
     def __init__(self) -> None:
         self.buckets: dict[str, Bucket] = {}

@@ -1,14 +1,8 @@
-"""Periodic jobs: schedules declared in code, ticked by the workers.
+"""Periodic jobs: schedules declared in code (``periodic``), ticked by the workers.
 
-A schedule is declared next to its job with ``periodic(job, "*/5 * * * *")``
-(when it ticks is ``cron.Timing``); its state (next tick, last run, enabled) is a
-``ScheduleState`` row. Every worker runs a ``Ticker``, a thread that sleeps until
-the next tick is due and then enqueues it: in one transaction it locks the
-schedule's row (``SELECT ... FOR UPDATE SKIP LOCKED``; a compare-and-set of
-``next_tick`` on SQLite), inserts the job and moves ``next_tick`` on. So any
-number of workers on any number of hosts enqueue each tick exactly once, and a
-worker killed mid-tick leaves the row as it was, for the next worker. Times come
-from the database's clock.
+Every worker runs a ``Ticker``: in one transaction it locks the due schedule's
+``ScheduleState`` row (a compare-and-set of ``next_tick`` on SQLite), enqueues the job
+and moves ``next_tick`` on, so each tick is enqueued exactly once on any number of hosts.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -37,16 +31,13 @@ from .models import Job, ScheduleState
 
 logger = logging.getLogger("django_dbqueue")
 
-# The longest a ticker sleeps, so a schedule enabled, disabled or changed by
-# another process (the admin, a deploy) is seen within this many seconds.
+# The longest a ticker sleeps, so a change by another process is seen within it.
 MAX_SLEEP = 30.0
-# Seconds before a ticker looks again at a row another worker holds (it is ticking it).
+# Seconds before a ticker looks again at a row another worker is ticking.
 BUSY_RETRY = 0.1
 # Seconds before a ticker retries after a database error (doubled, up to the last).
 ERROR_RETRY = (1.0, 2.0, 5.0)
-# Seconds ``Ticker.stop`` waits for a tick in flight.
-STOP_WAIT = 5.0
-# Rows read per look: the due ones and the next to come.
+STOP_WAIT = 5.0  # for a tick in flight
 LOOK_AHEAD = 100
 
 _schedules: dict[str, Schedule] = {}
@@ -57,8 +48,7 @@ class Outcome(enum.StrEnum):
     SKIPPED = "skipped"
     SCHEDULED = "scheduled"
     NOT_DUE = "not-due"
-    # Another worker holds the row or moved it on first.
-    TAKEN = "taken"
+    TAKEN = "taken"  # another worker holds the row or moved it on first
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,11 +66,10 @@ class Schedule(Timing):
     definition: registry.JobDefinition[..., Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def arguments(self) -> str:
-        """The arguments of each run, as stored JSON."""
         return json.dumps(payload.encode_arguments(self.args, dict(self.kwargs)), sort_keys=True)
 
     def columns(self) -> dict[str, str]:
-        """What its ``ScheduleState`` row keeps of the declaration."""
+        """What its ``ScheduleState`` row keeps."""
         return {
             "job_name": self.job_name,
             "expression": self.expression,
@@ -89,15 +78,11 @@ class Schedule(Timing):
         }
 
     def call(self, tick: datetime) -> registry.JobCall:
-        """The call to enqueue for ``tick``."""
         kwargs = dict(self.kwargs)
         if self.tick_argument:
             kwargs[self.tick_argument] = tick.astimezone(self.zone)
         definition = self.definition if self.definition is not None else registry.get(self.job_name)
         return definition.bind(*self.args, **kwargs)
-
-
-# -- declaring ---------------------------------------------------------------
 
 
 def periodic(
@@ -115,11 +100,8 @@ def periodic(
 ) -> Schedule:
     """Enqueue ``job`` at each tick of ``cron`` (or ``every`` so many seconds); return the schedule.
 
-    ``cron`` has 5 fields (6 with seconds first) or is a shorthand such as
-    ``@daily``, read in ``tz`` (default ``settings.TIME_ZONE``). A bad
-    expression or time zone is reported by the system checks, so ``queue_work``
-    refuses to start. ``name`` (default: the job's name) keeps the schedule's
-    state across deploys: give each schedule of one job its own.
+    ``cron`` has 5 fields (6 with seconds first) or is a shorthand such as ``@daily``, read in
+    ``tz`` (default ``settings.TIME_ZONE``). ``name`` (default: the job's) keeps its state across deploys.
     """
     job_name = job if isinstance(job, str) else job.name
     where = f"periodic({job_name!r})"
@@ -210,16 +192,9 @@ def get(name: str) -> Schedule:
         ) from None
 
 
-# -- the database ------------------------------------------------------------
-
-
 def sync(schedules: Mapping[str, Schedule]) -> None:
-    """Write the schedules of this code to their rows: insert new ones, update changed ones.
-
-    A changed expression or time zone clears ``next_tick``, so the next tick is
-    computed afresh; other rows, and rows of schedules not in this code, keep
-    their state.
-    """
+    """Write the schedules of this code to their rows: insert new ones, update changed ones
+    (a changed expression or time zone clears ``next_tick``)."""
     stored = {row.name: row for row in ScheduleState.objects.filter(name__in=list(schedules))}
     new = [
         ScheduleState(name=schedule.name, **schedule.columns(), created_at=DbNow(), updated_at=DbNow())
@@ -240,8 +215,7 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         logger.info(
             "schedule changed schedule=%s expression=%s timezone=%s", name, schedule.expression, schedule.timezone_name
         )
-    # Rows with no next tick yet (new, or changed) get their first in one transaction, not one
-    # each: a worker that starts with 1,000 new schedules must not delay its first jobs.
+    # Rows with no next tick yet get their first in one transaction, not one each.
     unplanned = ScheduleState.objects.filter(name__in=list(schedules), next_tick__isnull=True, enabled=True)
     first = [(pk, None) for pk in unplanned.values_list("pk", flat=True)]
     if first:
@@ -249,25 +223,19 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
 
 
 def _plan(schedule: Schedule, due: datetime, now: datetime, last_job_id: int | None, *, still_queued: bool) -> Plan:
-    """``schedule.plan``, then no run if the schedule may not overlap and its last run is
-    ``still_queued``; logs what is skipped."""
+    """``schedule.plan``, with no run if the schedule may not overlap its last run, ``still_queued``."""
     plan = schedule.plan(due, now)
     if plan.run is not None and not schedule.overlap and still_queued:
         logger.info(
             "tick skipped schedule=%s tick=%s: its last run (job %s) is still waiting or running",
-            schedule.name,
-            plan.run.isoformat(),
-            last_job_id,
-        )
+            schedule.name, plan.run.isoformat(), last_job_id,
+        )  # fmt: skip
         return Plan(None, plan.next_tick, plan.skipped + 1)
     if plan.skipped:
         logger.warning(
             "ticks missed schedule=%s skipped=%s policy=%s next_tick=%s",
-            schedule.name,
-            plan.skipped,
-            schedule.missed.value,
-            plan.next_tick.isoformat(),
-        )
+            schedule.name, plan.skipped, schedule.missed.value, plan.next_tick.isoformat(),
+        )  # fmt: skip
     return plan
 
 
@@ -278,13 +246,8 @@ def tick(schedule: Schedule, pk: int, expected: datetime | None) -> Outcome:
 
 def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, datetime | None]]) -> list[Outcome]:
     """Tick each row ``(pk, next_tick)`` of ``due`` whose ``next_tick`` is still the one read:
-    enqueue its due tick (or none: missed, or overlapping) and move ``next_tick`` on; a row
-    with no ``next_tick`` only gets one. One transaction for all rows: one locking read (on
-    SQLite a read, then a compare-and-set of each row), one query for the last runs of
-    schedules that must not overlap, one bulk enqueue and one UPDATE sent for every row, so a
-    catch-up of 1,000 schedules after a deploy is a few statements, not thousands. Rows another
-    worker holds, or moved on meanwhile, come back ``TAKEN``.
-    """
+    enqueue its due tick (if any) and move ``next_tick`` on, in one transaction and a few
+    statements for all rows. Rows another worker holds or moved on come back ``TAKEN``."""
     using = alias()
     locking = claims_with_skip_locked(using)
     expected = dict(due)
@@ -339,9 +302,8 @@ _TICK_FIELDS = ("next_tick", "skipped", "updated_at", "last_tick", "last_run_at"
 
 
 def _save_rows(states: Sequence[ScheduleState], using: str, names: Sequence[str]) -> None:
-    """Write ``names`` of many rows with one parameterised UPDATE sent for all of them
-    (``executemany``; psycopg pipelines it). ``bulk_update`` builds a CASE per field and row, whose CPU grows with
-    the rows: a catch-up of many schedules would hold a worker's GIL for seconds."""
+    """Write ``names`` of many rows with one UPDATE through ``executemany`` (``bulk_update``'s CASE
+    per field and row would hold a worker's GIL for seconds in a catch-up)."""
     connection = connections[using]
     meta = ScheduleState._meta
     by_name = {field.name: field for field in meta.concrete_fields}
@@ -359,11 +321,8 @@ def _save_rows(states: Sequence[ScheduleState], using: str, names: Sequence[str]
 
 
 def run_now(name: str) -> Any:
-    """Enqueue one extra run of the schedule ``name`` now; return its ``JobHandle``.
-
-    The tick passed (with ``tick_argument``) is the database's time; the
-    schedule's ticks are unchanged, and ``overlap`` does not apply.
-    """
+    """Enqueue one extra run of the schedule ``name`` now (its tick: the database's time); return
+    its ``JobHandle``. The schedule's ticks are unchanged; ``overlap`` does not apply."""
     schedule = get(name)
     if registry.find(schedule.job_name) is None:
         raise LookupError(f"Schedule {name!r} names the job {schedule.job_name!r}, which is not registered")
@@ -380,29 +339,17 @@ def run_now(name: str) -> Any:
 
 
 def set_enabled(names: Sequence[str], enabled: bool) -> int:
-    """Enable or disable schedules; return how many changed.
-
-    Enabling clears ``next_tick``: the ticks that passed while a schedule was
-    disabled are not caught up, the next one is computed from now.
-    """
+    """Enable or disable schedules; return how many changed. Enabling clears ``next_tick``: the
+    ticks that passed while disabled are not caught up."""
     rows = ScheduleState.objects.filter(name__in=list(names)).exclude(enabled=enabled)
     if enabled:
         return rows.update(enabled=True, next_tick=None, updated_at=DbNow())
     return rows.update(enabled=False, updated_at=DbNow())
 
 
-# -- the ticker ----------------------------------------------------------------
-
-
 class Ticker:
-    """Tick this process's schedules from a thread, until ``stop``; a context manager.
-
-    The thread has its own database connection (closed when it stops). It
-    writes the schedules to their rows once, then loops: one query reads the due
-    rows and the next to come; the due ticks are one short transaction; then it
-    sleeps until the next tick, ``MAX_SLEEP`` seconds at most. A process without
-    schedules starts no thread.
-    """
+    """Tick this process's schedules from a thread with its own connection, until ``stop``; a
+    context manager. A process without schedules starts no thread."""
 
     def __init__(
         self, worker_id: str, enabled: bool = True, *, schedules: Mapping[str, Schedule] | None = None
@@ -410,10 +357,8 @@ class Ticker:
         self.worker_id = worker_id
         self.enabled = enabled
         self.schedules = dict(schedules) if schedules is not None else None
-        # Statements this ticker's thread sent to the database (see ``queries_per_minute``).
-        self.statements = 0
+        self.statements = 0  # sent by this ticker's thread
         self.ticked = 0
-
         self._started = 0.0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -442,11 +387,8 @@ class Ticker:
             thread.join(STOP_WAIT)
         logger.info(
             "ticker stopped worker_id=%s ticked=%s statements=%s per_minute=%.1f",
-            self.worker_id,
-            self.ticked,
-            self.statements,
-            self.queries_per_minute(),
-        )
+            self.worker_id, self.ticked, self.statements, self.queries_per_minute(),
+        )  # fmt: skip
 
     def queries_per_minute(self) -> float:
         minutes = (time.monotonic() - self._started) / 60 if self._started else 0
@@ -455,9 +397,7 @@ class Ticker:
     def __enter__(self) -> Ticker:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _count(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -506,8 +446,7 @@ class Ticker:
         if due:
             outcomes = tick_many(schedules, due)
             self.ticked += outcomes.count(Outcome.ENQUEUED)
-            # Another worker is ticking a due row: look again once it is done. Else read the
-            # rows again: the ones just ticked have new next ticks.
+            # Another worker is ticking a due row: look again soon. Else at once (new next ticks).
             return BUSY_RETRY if Outcome.TAKEN in outcomes else 0
         if not rows:
             return MAX_SLEEP

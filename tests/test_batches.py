@@ -7,10 +7,11 @@ import json
 import pytest
 from django.db import transaction
 from django.test import Client
+from django.utils import timezone
 
 from django_dbqueue import BatchClosed, batch, chain, claims, get_batch, get_progress, lifecycle
 from django_dbqueue.execution import Defaults
-from django_dbqueue.models import FailedJob, Job, JobBatch
+from django_dbqueue.models import BatchState, FailedJob, Job, JobBatch
 from django_dbqueue.operations import clear_queue, clearable, delete_unreserved
 from django_dbqueue.progress import progress_token
 from django_dbqueue.rows import follow_ups
@@ -257,3 +258,24 @@ def test_failed_members_of_a_cancelled_batch_are_retried_outside_it():
     [job] = lifecycle.retry(FailedJob.objects.filter(pk__in=[FailedJob.objects.get().pk]))
     assert job.batch_id is None
     assert counts(handle.id) == (2, 0, 0, 2) and get_batch(handle.id).state == "cancelled"
+
+
+def test_every_batch_state_names_the_same_rows_in_sql_and_on_a_row():
+    now = timezone.now()
+    made = [
+        (BatchState.RUNNING, {}),
+        (BatchState.RUNNING, {"total": 2, "pending": 1, "failed": 1}),
+        (BatchState.FINISHED, {"finished_at": now}),
+        (BatchState.FAILED, {"finished_at": now, "total": 1, "failed": 1}),
+        (BatchState.CANCELLING, {"cancelled_at": now}),
+        (BatchState.CANCELLED, {"cancelled_at": now, "finished_at": now}),
+        (BatchState.CANCELLED, {"cancelled_at": now, "finished_at": now, "total": 1, "failed": 1}),
+    ]
+    rows = [(state, JobBatch.objects.create(created_at=now, **values).pk) for state, values in made]
+    for state in BatchState:
+        expected = {pk for named, pk in rows if named is state}
+        assert set(JobBatch.objects.in_state(state).values_list("pk", flat=True)) == expected
+        assert {pk for pk in expected if JobBatch.objects.get(pk=pk).state is state} == expected
+    assert JobBatch.objects.in_state().count() == 0
+    assert JobBatch.objects.in_state("finished", "failed").count() == 2
+    assert [state.value for state in BatchState] == ["running", "finished", "failed", "cancelling", "cancelled"]

@@ -10,7 +10,8 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import claims, lifecycle
-from django_dbqueue.models import DB_NOW, FailedJob, Job, State
+from django_dbqueue.handles import JobStatus as HandleStatus
+from django_dbqueue.models import DB_NOW, FailedJob, Job, JobStatus, State
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db
@@ -178,6 +179,19 @@ def test_every_state_names_the_same_rows_in_sql_and_on_a_row_read_with_the_datab
         row = Job.objects.annotate(**DB_NOW).get(pk=pk)
         assert row.state(row.db_now) is state
     assert [str(state.label) for state in State] == ["waiting", "delayed", "blocked", "reserved", "reservation expired"]
+
+
+def test_each_state_reads_as_a_handle_status():
+    assert [(status.value, status.finished) for status in JobStatus] == [
+        (status.value, status.finished) for status in HandleStatus
+    ]
+    assert {state: state.status for state in State} == {
+        State.WAITING: JobStatus.WAITING,
+        State.DELAYED: JobStatus.DELAYED,
+        State.BLOCKED: JobStatus.WAITING,
+        State.RESERVED: JobStatus.RUNNING,
+        State.EXPIRED: JobStatus.RUNNING,
+    }
 
 
 # -- finishing a batch and claiming the next ---------------------------------------

@@ -1,14 +1,10 @@
 """The claim: the one home of every statement that picks the next jobs of a queue and reserves them.
 
-A claim takes waiting rows of a queue that is not paused (``paused``), in the
-queue's order (priority, then ``available_at``, then id), and reserves them:
-``attempts + 1``, ``reserved_at`` and ``reserved_by`` set, a unique key held
-only until the start freed. Two ways, chosen per queue: the plain claim
-(``plain``, one statement per database) for queues whose jobs use no
-concurrency key and no rate limit, and the flow claim (``flow``) for the
-others: once a definition with such a limit is registered for the queue,
-``DBQUEUE["RATE_LIMITS"]`` names it, or the plain claim met such a job (one
-moved with ``using(queue=...)``), which it then gives back unrun.
+A claim reserves waiting rows of a queue that is not paused, in the queue's order. The
+plain claim (``plain``, one statement per database) serves queues whose jobs use no
+concurrency key and no rate limit; the flow claim (``flow``) the others: once a definition
+with a limit is registered for the queue, ``DBQUEUE["RATE_LIMITS"]`` names it, or the
+plain claim met such a job (which it gives back unrun).
 """
 
 from __future__ import annotations
@@ -22,9 +18,9 @@ from contextlib import nullcontext
 
 from django.db import DatabaseError, DataError, IntegrityError, connections, transaction
 
-from .. import rates, validation
-from ..db import bound_cursor, caused_by_lost_connection
-from ..lifecycle import delete_many, finished_by_members, move_aside, move_unreadable, reclaim_expired, release
+from .. import rates
+from ..db import caused_by_lost_connection
+from ..lifecycle import delete_many, finished_by_members, move_unreadable, reclaim_expired, release
 from ..models import Job, PausedQueue
 from ..workers import reclaim_dead
 from . import flow, plain
@@ -36,7 +32,6 @@ __all__ = ["FLOW_LOOKAHEAD", "clear_unique_keys", "clears_unique_keys", "retry_i
 
 logger = logging.getLogger("django_dbqueue")
 
-# Queues whose claims take the flow path (see the module's docstring).
 _flow_queues: set[str] = set()
 
 
@@ -64,29 +59,28 @@ def reserve_many(
     before_reclaim: Callable[[], None] | None = None,
     using: str | None = None,
 ) -> list[Job]:
-    """Claim up to ``limit`` jobs from the first non-empty queue in ``queues``.
-
-    When nothing is available, reclaim expired reservations and try once more,
-    so only an idle worker pays for the reclaim (``before_reclaim`` is called
-    first: a reclaim of many rows can take a while).
-    """
+    """Claim up to ``limit`` jobs from the first non-empty queue in ``queues``. When nothing is
+    available, reclaim expired reservations (after ``before_reclaim``) and try once more, so only
+    an idle worker pays for the reclaim."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
     using = Job.objects.db_manager(using).get_queryset().db
-    jobs = claim(using, queues, limit, worker_id)
-    if not jobs:
-        jobs = _reclaim_and_claim(using, queues, limit, worker_id, default_tries, before_reclaim)
-    return jobs
+    return _claim_or_reclaim(using, queues, queues, limit, worker_id, default_tries, before_reclaim)
 
 
-def _reclaim_and_claim(
+def _claim_or_reclaim(
     using: str,
+    first: Sequence[str],
     queues: Sequence[str],
     limit: int,
     worker_id: str,
     default_tries: int | None,
     before_reclaim: Callable[[], None] | None,
 ) -> list[Job]:
+    """Claim from ``first``; if nothing, reclaim what was lost and claim ``queues`` once more."""
+    jobs = claim(using, first, limit, worker_id)
+    if jobs:
+        return jobs
     if before_reclaim is not None:
         before_reclaim()
     reclaimed = reclaim_expired(default_tries=default_tries)
@@ -106,12 +100,8 @@ def finish_and_reserve(
     default_tries: int | None = None,
     before_reclaim: Callable[[], None] | None = None,
 ) -> tuple[set[int], list[Job]]:
-    """Delete ``done`` (jobs that succeeded, as ``lifecycle.delete_many``), then claim up
-    to ``limit`` jobs (as ``reserve_many``); return the ids deleted and the jobs claimed.
-
-    On PostgreSQL the DELETE and the claim of the first queue are one statement,
-    so a worker in steady state pays one round trip and one commit per batch.
-    """
+    """``lifecycle.delete_many(done)``, then ``reserve_many``; return the ids deleted and the jobs
+    claimed. On PostgreSQL the DELETE and the claim of the first queue are one statement."""
     more = functools.partial(
         reserve_many, queues, limit=limit, worker_id=worker_id, default_tries=default_tries,
         before_reclaim=before_reclaim,
@@ -127,36 +117,28 @@ def finish_and_reserve(
         or uses_flow_claim(queues[0])
         or any(job.concurrency_key for job in done)
     ):
-        deleted = delete_many(done)
-        return deleted, more()
+        return delete_many(done), more()
     walk = plain.walks(queues[0])
     members = any(job.batch_id for job in done)
-    # Batch members: their batches' counters move in the same statement, in a
-    # transaction that enqueues the callbacks of a batch it finished.
-    with transaction.atomic(using=using) if members else nullcontext(), bound_cursor(connection) as cursor:
-        started = time.monotonic()
-        cursor.execute(
-            plain.finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members),
-            [
-                *([job.pk for job in done], [job.attempts for job in done]),
-                *plain.claim_params(worker_id, queues[0], limit, walk=walk),
-            ],
-        )
-        rows = cursor.fetchall()
-        plain.timed(queues[0], walk, time.monotonic() - started)
+    # Batch members: their counters move in the statement, in a transaction that enqueues the callbacks.
+    with transaction.atomic(using=using) if members else nullcontext():
+        sql = plain.finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members)
+        params = [
+            [job.pk for job in done],
+            [job.attempts for job in done],
+            *plain.claim_params(worker_id, queues[0], limit, walk=walk),
+        ]
+        rows = plain.timed_claim(connection, queues[0], walk, sql, params)
         if members and rows[0][0]:
             finished_by_members(using, rows[0][0])
     finished = rows[0][0] if members else None
-    if members:
-        rows = [row[1:] for row in rows]
+    rows = [row[1:] for row in rows] if members else rows
     deleted = set(rows[0][0])
     jobs = plain_claimed(using, queues[0], plain.from_claim(using, [row[1:] for row in rows if row[1] is not None]))
     if not jobs:
-        # The first queue is empty: the others, then as ``reserve_many``. (All of
-        # them if a batch just finished: its callbacks came after the claim.)
-        jobs = claim(using, queues if finished else queues[1:], limit, worker_id)
-        if not jobs:
-            jobs = _reclaim_and_claim(using, queues, limit, worker_id, default_tries, before_reclaim)
+        # The first queue is empty: the others (all if a batch finished: its callbacks came after).
+        others = queues if finished else queues[1:]
+        jobs = _claim_or_reclaim(using, others, queues, limit, worker_id, default_tries, before_reclaim)
     return deleted, jobs
 
 
@@ -172,8 +154,7 @@ def claim(using: str, queues: Sequence[str], limit: int, worker_id: str) -> list
         except (IntegrityError, DataError) as exc:
             if caused_by_lost_connection(exc, using):
                 raise
-            # The database refused to reserve a row (one written past its checks):
-            # those rows are moved aside and the others claimed one by one.
+            # The database refused to reserve a row written past its checks: claim one by one.
             jobs = _claim_past_refusals(using, queue, limit, worker_id, exc)
         except DatabaseError:
             raise
@@ -188,11 +169,8 @@ def claim(using: str, queues: Sequence[str], limit: int, worker_id: str) -> list
     return []
 
 
-# A claim skips the queues paused when this process last read them, and reads
-# them again once that read is PAUSE_CHECK seconds old: so no claim that starts
-# PAUSE_CHECK seconds after a pause committed takes a job of the queue, on any
-# worker. Testing for the pause in every claim statement instead costs every
-# claim the planning of a subquery on PausedQueue (docs/performance.md).
+# Claims skip the queues paused when this process last read them, read again once PAUSE_CHECK
+# seconds old (cheaper than a subquery on PausedQueue in every claim: docs/performance.md).
 PAUSE_CHECK = 0.5
 _paused: dict[str, tuple[float, frozenset[str]]] = {}
 _paused_lock = threading.Lock()
@@ -206,7 +184,6 @@ def paused(using: str) -> frozenset[str]:
     read = _paused.get(using)
     if read is None or now - read[0] >= PAUSE_CHECK:
         generation = _paused_generation
-        # The clock is read before the query, so the read is never older than it says.
         read = (now, frozenset(PausedQueue.objects.using(using).values_list("queue", flat=True)))
         with _paused_lock:
             if generation == _paused_generation:
@@ -215,9 +192,8 @@ def paused(using: str) -> frozenset[str]:
 
 
 def forget_paused(queues: Iterable[str] | None = None) -> None:
-    """Read the paused queues again at this process's next claim: after a pause or
-    resume made here, or, given ``queues`` (PostgreSQL notifications: a resume sends
-    one), if one of them was paused when last read."""
+    """Read the paused queues again at the next claim (given ``queues``, a resume's
+    notifications: only if one of them was paused when last read)."""
     global _paused_generation
     with _paused_lock:
         if queues is not None:
@@ -236,10 +212,9 @@ def claim_queue(using: str, queue: str, limit: int, worker_id: str) -> list[Job]
 
 
 def plain_claimed(using: str, queue: str, jobs: list[Job]) -> list[Job]:
-    """The jobs a plain claim of ``queue`` may run: one that uses a concurrency key or a
-    rate limit is given back unrun, and ``queue`` takes the flow claim from now on.
-    A job whose unique key was held only until its start (a statement that did not
-    clear it, see ``clears_unique_keys``) has it freed now, before it runs."""
+    """The jobs a plain claim of ``queue`` may run: one with a concurrency key or a rate limit is
+    given back unrun (the queue takes the flow claim from now on); a unique key held until the
+    start that the statement did not clear is freed."""
     started = [job.pk for job in jobs if job.unique_until_start and job.unique_key is not None]
     if started:
         Job.objects.get_queryset().using(using).filter(pk__in=started, unique_until_start=True).update(unique_key=None)
@@ -284,23 +259,8 @@ def _claim_past_unreadable(using: str, queue: str, limit: int, worker_id: str) -
 
 
 def _claim_past_refusals(using: str, queue: str, limit: int, worker_id: str, exc: DatabaseError) -> list[Job]:
-    """Claim the next rows of ``queue`` one by one, each under a savepoint, after the
-    claim statement was refused: a row the database refuses to reserve, or whose
-    values are out of bounds, is moved aside with the refusal as its error."""
-    claimed: list[Job] = []
-    for row in plain.candidates(using, queue, limit):
-        error = validation.row_error(row.__dict__)
-        if error is None:
-            try:
-                with transaction.atomic(using=using):
-                    if plain.reserve_one(using, row, worker_id):
-                        claimed.append(row)
-                continue
-            except (IntegrityError, DataError) as refused:
-                if caused_by_lost_connection(refused, using):
-                    raise
-                error = f"the database refused to reserve it ({type(refused).__name__})"
-        move_aside(row, reason=f"its row cannot be claimed: {error}", using=using)
+    """Claim the next rows of ``queue`` one by one after the claim statement was refused."""
+    claimed = plain.reserve_each(using, plain.candidates(using, queue, limit), worker_id, checked=True)
     logger.warning(
         "claim refused queue=%s worker_id=%s error=%s; claimed=%s one by one",
         queue, worker_id, type(exc).__name__, len(claimed),

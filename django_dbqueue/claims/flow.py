@@ -1,17 +1,15 @@
 """The flow claim, for queues whose jobs may use a concurrency key or a rate limit.
 
-One transaction locks the candidate rows, then the ``FlowLimit`` rows of their
-concurrency keys and rate buckets in key order; it reserves what the limits
-admit, blocks the waiting rows of a saturated key (``block``) and moves a row
-held back by a rate limit to the time its bucket has a token. Nothing it
-holds back spends a try. A reserved row holds its slot until its reservation
-ends (``lifecycle.unblock`` then frees it).
+One transaction locks the candidates, then the ``FlowLimit`` rows of their keys and buckets
+in key order; it reserves what the limits admit, blocks the waiting rows of a saturated key
+and moves a row a rate limit holds back to when its bucket has a token (no try spent).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from django.db import connections, transaction
@@ -20,15 +18,15 @@ from django.db.models import Case, F, Value, When
 from .. import rates, validation
 from ..concurrency import limit_key
 from ..db import claims_with_skip_locked
-from ..lifecycle import move_aside, running, sweep
+from ..lifecycle import move_aside, sweep
+from ..lifecycle.reactions import running
 from ..models import FlowLimit, Job
 from .plain import candidates, reserve_locked, reserve_one
 
 # Candidate rows a flow claim reads beyond its limit, for the ones a limit holds back.
 FLOW_LOOKAHEAD = 16
-# Reads of candidates per flow claim at most; each round blocks or delays what it
-# could not take, so the next round reads other rows. A claim that runs out of
-# rounds while still holding rows back asks its worker to claim again at once.
+# Reads of candidates per flow claim at most (each round blocks or delays what it could not
+# take); a claim that runs out of rounds asks its worker to claim again at once.
 FLOW_ROUNDS = 32
 # Rows changed per statement when blocking the rows of saturated keys.
 BLOCK_CHUNK = 500
@@ -37,8 +35,7 @@ _hints = threading.local()
 
 
 def retry_in() -> float | None:
-    """Seconds until a job this thread's last claim held back for a rate limit may
-    start (so an idle worker looks again then, not after its ``--sleep``); None if none."""
+    """Seconds until a job this thread's last claim held back for a rate limit may start; None if none."""
     return getattr(_hints, "seconds", None)
 
 
@@ -75,9 +72,8 @@ def claim_flow(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
 
 
 def _write_first(using: str) -> None:
-    """On SQLite, make the transaction a writer before it reads (as ``BEGIN IMMEDIATE``
-    would): a transaction that read and then writes fails at once, rather than
-    waits, when another writer committed in between."""
+    """On SQLite, make the transaction a writer before it reads (as ``BEGIN IMMEDIATE``): one that
+    read, then writes, fails at once rather than waits when another writer committed between."""
     connection = connections[using]
     if connection.vendor == "sqlite":
         table = connection.ops.quote_name(FlowLimit._meta.db_table)
@@ -86,8 +82,8 @@ def _write_first(using: str) -> None:
 
 
 def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rates.Buckets) -> tuple[list[Job], int]:
-    """Read candidates once; reserve what the limits admit, block or delay what
-    they do not; return the jobs reserved and how many were held back."""
+    """Read candidates once; reserve what the limits admit, block or delay the rest; return the
+    jobs reserved and how many were held back."""
     selection = candidates(using, queue, limit + FLOW_LOOKAHEAD)
     if claims_with_skip_locked(using):
         selection = selection.select_for_update(skip_locked=True)
@@ -97,7 +93,7 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rat
     readable = _readable(using, rows)
     moved = len(rows) - len(readable)
     rows = readable
-    slots = Slots.lock(using, rows)
+    slots = _lock_slots(using, rows)
     _lock_buckets(using, buckets, rows)
     admitted: list[Job] = []
     saturated: set[str] = set()
@@ -105,14 +101,15 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rat
     for row in rows:
         if len(admitted) == limit:
             break
-        if row.concurrency_key and not slots.free(row):
-            saturated.add(row.concurrency_key)
+        key = row.concurrency_key
+        if key and slots[key] >= (row.concurrency_limit or 1):
+            saturated.add(key)
             continue
         if row.rate_key and not buckets.take(row):
             held.append(row)
             continue
-        if row.concurrency_key:
-            slots.take(row)
+        if key:
+            slots[key] += 1
         admitted.append(row)
     if admitted:
         if claims_with_skip_locked(using):
@@ -127,9 +124,7 @@ def _flow_round(using: str, queue: str, limit: int, worker_id: str, buckets: rat
 
 
 def _readable(using: str, rows: list[Job]) -> list[Job]:
-    """The candidate rows whose flow values the claim can read; each other one is
-    moved to ``FailedJob`` unrun with its error (a rate limit or a concurrency
-    limit written past the checks), and the queue goes on."""
+    """The candidates whose flow values the claim can read; the others are moved aside."""
     readable = []
     for row in rows:
         error = validation.row_error({"concurrency_limit": row.concurrency_limit, "rate_limit": row.rate_limit})
@@ -147,34 +142,18 @@ def _hint(seconds: float | None) -> None:
     _hints.seconds = seconds if current is None else min(current, seconds)
 
 
-class Slots:
-    """The running count of each key of some candidate rows, read under the keys' locks."""
-
-    def __init__(self, counts: dict[str, int]) -> None:
-        self.running = counts
-
-    @classmethod
-    def lock(cls, using: str, rows: Sequence[Job]) -> Slots:
-        keys = sorted({row.concurrency_key for row in rows if row.concurrency_key})
-        if not keys:
-            return cls({})
-        FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in keys])
-        return cls(running(using, keys))
-
-    def free(self, row: Job) -> bool:
-        assert row.concurrency_key
-        return self.running.get(row.concurrency_key, 0) < (row.concurrency_limit or 1)
-
-    def take(self, row: Job) -> None:
-        assert row.concurrency_key
-        self.running[row.concurrency_key] = self.running.get(row.concurrency_key, 0) + 1
+def _lock_slots(using: str, rows: Sequence[Job]) -> Counter[str]:
+    """The reserved rows of each concurrency key of ``rows``, read under the keys' locks."""
+    keys = sorted({row.concurrency_key for row in rows if row.concurrency_key})
+    if not keys:
+        return Counter()
+    FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in keys])
+    return Counter(running(using, keys))
 
 
 def block(using: str, keys: Iterable[str]) -> int:
-    """Block the waiting rows of saturated ``keys`` (called under their locks); return how many.
-
-    Rows another claim has locked are skipped: that claim decides for them.
-    """
+    """Block the waiting rows of saturated ``keys`` (under their locks) that no other claim has
+    locked; return how many."""
     keys = sorted(set(keys))
     if not keys:
         return 0
@@ -197,8 +176,7 @@ def _lock_buckets(using: str, buckets: rates.Buckets, rows: Sequence[Job]) -> No
 
 
 def _hold(using: str, buckets: rates.Buckets, rows: Sequence[Job]) -> None:
-    """Move rows their bucket holds back to when it will have a token for each, in one
-    UPDATE (no try spent); the buckets are saved after."""
+    """Move rows their bucket holds back to when it has a token for each, in one UPDATE."""
     if not rows:
         return
     times = buckets.hold_times(rows)

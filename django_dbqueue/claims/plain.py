@@ -1,8 +1,7 @@
 """The plain claim, one shape per database, and the finish-and-claim statement of PostgreSQL.
 
-One ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)`` on
-PostgreSQL; ``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE`` on
-MariaDB/MySQL; a compare-and-set per row on SQLite.
+PostgreSQL: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)``; MariaDB/MySQL:
+``SELECT ... FOR UPDATE SKIP LOCKED`` then ``UPDATE``; SQLite: a compare-and-set per row.
 """
 
 from __future__ import annotations
@@ -10,20 +9,20 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import DataError, IntegrityError, connections, transaction
 from django.db.models import Case, F, Value, When
 
-from ..db import bound_cursor, cached_sql, claims_with_skip_locked
-from ..lifecycle import delete_returning, delete_sql, move_aside
+from .. import validation
+from ..db import bound_cursor, cached_sql, caused_by_lost_connection, claims_with_skip_locked
+from ..lifecycle.changes import delete_returning, delete_sql, move_aside
 from ..models import DB_NOW, Job, JobBatch, JobQuerySet, sql_names
 
-# Queues whose plain claims on PostgreSQL free the unique keys of jobs unique
-# "until started" in the claim statement: queues that a definition with that
-# scope names (the worker says so at start), and any queue whose claim returned
-# such a job with its key (``claims.plain_claimed`` frees it then, a statement
-# later). Other queues' claims leave the CASE out, which costs a no-op drain.
+# Queues whose plain claims on PostgreSQL free the keys of jobs unique "until started" in the
+# statement: those a definition with that scope names, and any whose claim returned such a
+# job with its key (``claims.plain_claimed`` frees it). Other claims leave the CASE out.
 _clearing: set[str] = set()
 
 
@@ -46,24 +45,27 @@ def claim_plain(using: str, queue: str, limit: int, worker_id: str) -> list[Job]
 
 def _claim_returning(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
     """Claim in one statement (PostgreSQL); see ``claim_sql``."""
-    connection = connections[using]
     walk = walks(queue)
-    sql = claim_sql(connection, walk=walk, clear=clears_unique_keys(queue))
+    sql = claim_sql(connections[using], walk=walk, clear=clears_unique_keys(queue))
+    return from_claim(
+        using, timed_claim(connections[using], queue, walk, sql, claim_params(worker_id, queue, limit, walk=walk))
+    )
+
+
+def timed_claim(connection: Any, queue: str, walk: bool, sql: str, params: Sequence[Any]) -> list[Any]:
+    """Run a claim statement of ``queue`` and return its rows, noting its time (``timed``)."""
     with bound_cursor(connection) as cursor:
         started = time.monotonic()
-        cursor.execute(sql, claim_params(worker_id, queue, limit, walk=walk))
-        rows = cursor.fetchall()
+        cursor.execute(sql, params)
+        rows: list[Any] = cursor.fetchall()
         timed(queue, walk, time.monotonic() - started)
-        return from_claim(using, rows)
+    return rows
 
 
-# Which of the two PostgreSQL statements (see ``claim_sql``) a queue's plain
-# claims use, measured per queue in this process: each statement keeps a moving
-# average of its claims' times (round trip included), claims take the faster,
-# and every PROBE_EVERY seconds one claim takes the other to keep its average
-# current. A queue starts with the one scan and first tries the walk once the
-# scan's average passes SLOW_CLAIM: where nothing delayed sits in front, the
-# walk loses by its planning (docs/performance.md).
+# Which of the two PostgreSQL statements (``claim_sql``) a queue's claims use, per process: each
+# keeps a moving average of its times, claims take the faster, and every PROBE_EVERY seconds one
+# takes the other. A queue starts with the scan and tries the walk once the scan's average passes
+# SLOW_CLAIM (where nothing delayed sits in front, the walk loses by its planning).
 SLOW_CLAIM = 0.002
 PROBE_EVERY = 10.0
 # The weight of a claim's time in its statement's average (a probe's: PROBE_WEIGHT).
@@ -90,12 +92,11 @@ _picks: dict[str, _Pick] = {}
 
 
 def walks(queue: str) -> bool:
-    """Whether the next plain claim of ``queue`` reads it priority by priority, in this process."""
+    """Whether the next plain claim of ``queue`` walks it priority by priority."""
     pick = _picks.get(queue)
     if pick is None:
         return False
     if pick.walk is None:
-        # Never walked yet: try the walk once the scan is slow on average.
         pick.probing = pick.scan is not None and pick.scan > SLOW_CLAIM
         return pick.probing
     now = time.monotonic()
@@ -136,8 +137,7 @@ def from_claim(using: str, rows: Iterable[Sequence[Any]]) -> list[Job]:
 
 
 def candidates(using: str, queue: str, limit: int) -> JobQuerySet:
-    # The shape the index ``dbqueue_job_claim`` serves: equality on queue,
-    # then the ORDER BY in index order, so LIMIT stops at the first rows.
+    # The shape the index ``dbqueue_job_claim`` serves, so LIMIT stops at the first rows.
     waiting = Job.objects.db_manager(using).get_queryset().waiting().filter(queue=queue)
     return waiting.order_by("-priority", "available_at", "id").annotate(**DB_NOW)[:limit]
 
@@ -180,21 +180,26 @@ def reserve_locked(using: str, jobs: list[Job], worker_id: str) -> None:
 
 def _claim_cas(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
     """Claim by compare-and-set (SQLite: writers are serialised, no row locks)."""
+    return reserve_each(using, candidates(using, queue, limit), worker_id)
+
+
+def reserve_each(using: str, rows: Iterable[Job], worker_id: str, *, checked: bool = False) -> list[Job]:
+    """Reserve ``rows`` one by one; a row the database refuses to reserve (or, ``checked``, whose
+    values are out of bounds) is moved aside and the others go on (each under a savepoint if ``checked``)."""
     claimed = []
-    for job in candidates(using, queue, limit):
-        try:
-            reserved = reserve_one(using, job, worker_id)
-        except (IntegrityError, DataError) as refused:
-            # Each row is its own statement here: the rows reserved before stay
-            # reserved, so this one is moved aside and the claim goes on.
-            move_aside(
-                job,
-                reason=f"its row cannot be claimed: the database refused to reserve it ({type(refused).__name__})",
-                using=using,
-            )
-            continue
-        if reserved:
-            claimed.append(job)
+    for row in rows:
+        error = validation.row_error(row.__dict__) if checked else None
+        if error is None:
+            try:
+                with transaction.atomic(using=using) if checked else nullcontext():
+                    if reserve_one(using, row, worker_id):
+                        claimed.append(row)
+                continue
+            except (IntegrityError, DataError) as refused:
+                if caused_by_lost_connection(refused, using):
+                    raise
+                error = f"the database refused to reserve it ({type(refused).__name__})"
+        move_aside(row, reason=f"its row cannot be claimed: {error}", using=using)
     return claimed
 
 
@@ -214,16 +219,9 @@ def reserve_one(using: str, job: Job, worker_id: str) -> bool:
 def claim_sql(connection: Any, *, walk: bool = False, clear: bool = True) -> str:
     """The one-statement claim for PostgreSQL (parameters: ``claim_params``).
 
-    It reads the queue's waiting index in one ordered scan, or, with ``walk``,
-    priority by priority: a recursive query walks the distinct priorities of the
-    queue's waiting rows from the top (one index descent each), and for each
-    reads rows ``available_at <= now`` in index order, so rows delayed to later
-    are never read, where the one scan steps over all of them; it stops as soon
-    as ``LIMIT`` rows are found. Planning the walk has a cost of its own, so a
-    queue takes whichever of the two its claims measured faster (``walks``).
-
-    With ``clear`` it sets the ``unique_key`` of ``unique_until_start`` rows to
-    NULL; without, ``plain_claimed`` does that after it (see ``clears_unique_keys``).
+    It reads the queue's waiting index in one ordered scan, or, with ``walk``, priority by
+    priority (a recursive query, one index descent per priority), never reading rows delayed to
+    later. With ``clear`` it frees the ``unique_key`` of ``unique_until_start`` rows.
     """
     return _CLAIM_SQL[walk, clear](connection)
 
@@ -279,15 +277,11 @@ _CLAIM_SQL = {
 
 
 def finish_and_claim_sql(connection: Any, walk: bool, clear: bool, members: bool) -> str:
-    """PostgreSQL: ``lifecycle.delete_sql`` and ``claim_sql`` in one statement and one transaction.
+    """PostgreSQL: ``lifecycle.changes.delete_sql`` and ``claim_sql`` in one statement.
 
-    Each row holds the array of deleted ids, then a claimed row's columns; when
-    nothing was claimed, one row holds the array and NULLs. Both parts read the
-    same snapshot and never touch the same rows (one deletes rows this worker
-    holds, the other claims rows nobody does). With ``members`` (some of the jobs
-    are batch members), each batch's ``pending`` goes down by its members
-    deleted, and every row starts with the array of the batches that reached 0
-    (``lifecycle.finished_by_members``).
+    Each row holds the array of deleted ids, then a claimed row's columns (NULLs when none was
+    claimed). With ``members``, each batch's ``pending`` goes down by its members deleted, and
+    every row starts with the array of the batches that reached 0.
     """
     return _FINISH_AND_CLAIM_SQL[walk, clear, members](connection)
 

@@ -26,6 +26,7 @@ from ..models import (
     FailedJob,
     Job,
     JobBatch,
+    JobQuerySet,
     sql_names,
 )
 from ..rows import follow_ups
@@ -51,39 +52,43 @@ def extend(job: Job, *, worker_id: str) -> bool:
 
 
 def extend_many(jobs: Sequence[Job], *, worker_id: str) -> set[int]:
-    """Move the reservations of ``jobs`` that ``worker_id`` still holds to the database's
-    now; return the ids of those it still held (the heartbeat, for every job it holds)."""
+    """``extend`` for many jobs (the heartbeat); return the ids ``worker_id`` still held."""
     if not jobs:
         return set()
     held = Job.objects.get_queryset().held_by(jobs).filter(reserved_by=worker_id, reserved_at__isnull=False)
-    # The clock is read once and written as a value, like the claim: SQLite stores
-    # DbNow() as text with 3 decimals, which a reclaim's compare-and-set on
-    # reserved_at (6 decimals) would never match.
+    # The clock is written as a value read once: SQLite stores DbNow() with 3 decimals,
+    # which a reclaim's compare-and-set on reserved_at (6 decimals) would never match.
     rows = list(held.order_by().only("pk").annotate(**DB_NOW))
     if rows:
         held.update(reserved_at=rows[0].db_now)
     return {row.pk for row in rows}
 
 
-def delete(job: Job, *, follow_ups: Sequence[Job] = ()) -> bool:
-    """Delete a job that succeeded, if its reservation is still ``job``'s; ``follow_ups``
-    (a chain's next step, callbacks) are inserted in the same transaction."""
+def _change_held(
+    job: Job, outcome: str, change: Callable[[JobQuerySet], int], follow: Sequence[Job] = (), **still: Any
+) -> bool:
+    """Apply ``change`` to the row of ``job`` if its reservation is still ``job``'s (and its
+    columns ``still`` as given); run the reactions to ``outcome`` and insert ``follow`` with it."""
     queryset = Job.objects.get_queryset().held(job)
-    if not follow_ups and not reacts(SUCCEEDED, [job]):
-        return bool(queryset.delete_now())
-    with transaction.atomic(using=queryset.db):
-        deleted = queryset.delete_now()
-        if deleted:
-            follow = list(follow_ups)
-            react(queryset.db, {SUCCEEDED: [job]}, follow)
+    queryset = queryset.filter(**still) if still else queryset
+    follow = list(follow)
+    with transaction.atomic(using=queryset.db) if follow or reacts(outcome, [job]) else nullcontext():
+        done = bool(change(queryset))
+        if done:
+            react(queryset.db, {outcome: [job]}, follow)
             if follow:
                 insert.bulk_enqueue(follow, queryset.db)
-    return bool(deleted)
+    return done
+
+
+def delete(job: Job, *, follow_ups: Sequence[Job] = ()) -> bool:
+    """Delete a job that succeeded, if its reservation is still ``job``'s, inserting ``follow_ups``
+    (a chain's next step, callbacks) in the same transaction."""
+    return _change_held(job, SUCCEEDED, JobQuerySet.delete_now, follow_ups)
 
 
 def delete_many(jobs: Sequence[Job]) -> set[int]:
-    """Delete jobs that succeeded, in one statement, where their reservation is still
-    theirs; return the ids deleted (the worker's batched counterpart of ``delete``)."""
+    """``delete`` for many jobs in one statement; return the ids deleted."""
     if not jobs:
         return set()
     if not reacts(SUCCEEDED, jobs):
@@ -96,9 +101,8 @@ def delete_many(jobs: Sequence[Job]) -> set[int]:
 
 
 def _delete_many(jobs: Sequence[Job]) -> set[int]:
-    """Fixed SQL: it runs once per batch on the worker's hot path. PostgreSQL returns
-    the ids deleted; elsewhere the row count tells when all were, else one more
-    query finds the rows still there (their reservation is another's now)."""
+    """Fixed SQL, on the worker's hot path. Outside PostgreSQL (which returns the ids), a
+    short row count costs one query for the rows still there (reserved by another now)."""
     connection = connections[Job.objects.get_queryset().db]
     table, pk, attempts = sql_names(connection, "id", "attempts")
     ids = {job.pk for job in jobs}
@@ -137,23 +141,15 @@ def delete_returning(connection: Any, *fields: str) -> str:
 
 
 def release(job: Job, *, delay: float = 0, give_back: bool = False, exception: bool = False) -> bool:
-    """Put a reserved job back, available after ``delay`` seconds.
-
-    ``give_back``: the reservation does not spend one of the job's tries (it never
-    started, or the database connection broke under it). ``exception``: the
-    attempt ended in an exception (counted for ``max_exceptions``).
-    """
+    """Put a reserved job back, available after ``delay`` seconds. ``give_back``: it spends no
+    try (never started, or a lost connection); ``exception``: counted for ``max_exceptions``."""
     available_at = DbNow() + timedelta(seconds=delay) if delay > 0 else DbNow()
     changes: dict[str, Any] = {"reserved_at": None, "reserved_by": "", "available_at": available_at}
     if give_back:
         changes["given_back"] = F("given_back") + 1
     if exception:
         changes["exceptions"] = F("exceptions") + 1
-    queryset = Job.objects.get_queryset().held(job)
-    with transaction.atomic(using=queryset.db) if reacts(RELEASED, [job]) else nullcontext():
-        released = bool(queryset.update(**changes))
-        if released:
-            react(queryset.db, {RELEASED: [job]})
+    released = _change_held(job, RELEASED, functools.partial(QuerySet.update, **changes))
     if released and give_back:
         job.given_back += 1
     return released
@@ -180,18 +176,13 @@ def fail(
         return failed
 
 
-# -- cancel ---------------------------------------------------------------------------
-
-
 def cancel(job_id: int, *, hard: bool = False, reason: str = "") -> str:
-    """Cancel a job: ``"cancelled"`` if nobody held it (it moved to ``FailedJob`` as
-    cancelled, a chain's remaining steps with it), ``"requested"`` if a worker holds it
-    (the worker stops it when it next checks, or with ``hard`` at once, as at a
+    """Cancel a job: ``"cancelled"`` if nobody held it (moved to ``FailedJob``), ``"requested"``
+    if a worker holds it (it stops at its next check, or with ``hard`` at once, as at a
     timeout), ``"missing"`` if there is no such row."""
     queryset = Job.objects.get_queryset()
     level = CANCEL_HARD if hard else CANCEL
-    # Twice at most: a claim between the read and the write (SQLite takes no row
-    # lock) makes the compare-and-set miss, and the job is then a running one.
+    # Twice at most: a claim between the read and the write (SQLite: no row lock) makes it a running one.
     for _ in range(2):
         with transaction.atomic(using=queryset.db):
             job = queryset.filter(pk=job_id).select_for_update().first()
@@ -217,8 +208,6 @@ def cancel_requests(jobs: Sequence[Job]) -> dict[int, int]:
     return dict(Job.objects.get_queryset().held_by(jobs).filter(cancel__gt=NO_CANCEL).values_list("pk", "cancel"))
 
 
-# -- reclaim, move aside --------------------------------------------------------------
-
 # The columns a reclaim reads of an expired reservation (the rest only for a row it fails).
 _LEASE_FIELDS = (
     "id", "queue", "name", "attempts", "given_back", "max_tries", "retry_after", "reserved_at",
@@ -227,9 +216,8 @@ _LEASE_FIELDS = (
 
 
 def reclaim_expired(*, default_tries: int | None = None, ids: Iterable[int] | None = None) -> int:
-    """Reclaim reservations older than their ``retry_after`` (only ``ids`` if given);
-    return how many. A job that used its tries moves to ``FailedJob``. Each row is
-    changed on its own: one the database refuses to change is moved aside."""
+    """Reclaim reservations older than their ``retry_after`` (only ``ids`` if given); return how
+    many. A job that used its tries moves to ``FailedJob``; a row the database refuses, aside."""
     tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
     expired = Job.objects.get_queryset().expired().order_by().only(*_LEASE_FIELDS).annotate(**DB_NOW)
     if ids is not None:
@@ -243,7 +231,8 @@ def reclaim_expired(*, default_tries: int | None = None, ids: Iterable[int] | No
             done = _per_row(job, functools.partial(_fail_lost, job, error, "MaxAttemptsExceeded"))
         else:
             outcome = "waiting"
-            done = _per_row(job, functools.partial(_reclaim_one, job))
+            put_back = functools.partial(QuerySet.update, reserved_at=None, reserved_by="")
+            done = _per_row(job, functools.partial(_change_held, job, RELEASED, put_back, reserved_at=job.reserved_at))
         if done:
             reclaimed += 1
             logger.warning(
@@ -254,10 +243,8 @@ def reclaim_expired(*, default_tries: int | None = None, ids: Iterable[int] | No
 
 
 def reclaim_worker(worker_id: str, *, error_for: Callable[[float], str], default_tries: int | None = None) -> int:
-    """Release or fail every job a dead worker held, without waiting for retry_after.
-
-    ``error_for(seconds_held)`` gives the error stored for a job that used its tries.
-    """
+    """Release or fail every job a dead worker held, without waiting for retry_after;
+    ``error_for(seconds_held)`` is the error of a job that used its tries."""
     count = 0
     tries_default = default_tries if default_tries is not None else int(conf.get("TRIES"))
     held = Job.objects.get_queryset().filter(reserved_by=worker_id, reserved_at__isnull=False)
@@ -270,16 +257,6 @@ def reclaim_worker(worker_id: str, *, error_for: Callable[[float], str], default
             done = _per_row(job, functools.partial(release, job))
         count += done
     return count
-
-
-def _reclaim_one(job: Job) -> bool:
-    """Put back one expired reservation, if it is still the one read."""
-    queryset = Job.objects.get_queryset().held(job).filter(reserved_at=job.reserved_at)
-    with transaction.atomic(using=queryset.db):
-        done = bool(queryset.update(reserved_at=None, reserved_by=""))
-        if done:
-            react(queryset.db, {RELEASED: [job]})
-    return done
 
 
 def _fail_lost(job: Job, error: str, exception: str) -> bool:
@@ -298,9 +275,8 @@ def _fail_lost(job: Job, error: str, exception: str) -> bool:
 
 
 def _per_row(job: Job, change: Callable[[], bool]) -> bool:
-    """Run ``change`` (of one row, in a loop over rows) under a savepoint; if the
-    database refuses it, move the row aside instead, so one bad row never stops the
-    loop. A lost connection still ends the loop."""
+    """Run ``change`` of one row under a savepoint; if the database refuses it, move the row
+    aside, so one bad row never stops a loop over rows (a lost connection does)."""
     using = Job.objects.get_queryset().db
     try:
         with transaction.atomic(using=using):
@@ -312,12 +288,8 @@ def _per_row(job: Job, change: Callable[[], bool]) -> bool:
 
 
 def move_aside(job: Job, *, reason: str, using: str | None = None) -> bool:
-    """Move a row the worker cannot act on to ``FailedJob`` unrun, with ``reason`` in
-    its error, whoever holds it; return whether it moved.
-
-    For a row written past the table's checks (by hand, ``update()``, raw SQL) or
-    one whose value the claim cannot read: its values are brought within bounds.
-    """
+    """Move a row the worker cannot act on (written past the table's checks, or unreadable to
+    the claim) to ``FailedJob`` unrun, whoever holds it, with ``reason``; return whether it moved."""
     queryset = Job.objects.db_manager(using).get_queryset()
     try:
         full = queryset.filter(pk=job.pk).first()
@@ -366,8 +338,8 @@ def move_unreadable(pk: int, *, reason: str, using: str | None = None) -> bool:
 
 
 def _failed_values(job: Job) -> dict[str, Any]:
-    """The ``FailedJob`` columns of ``job``, each brought within the job table's bounds
-    (a row written past them must still move to ``FailedJob``, whose checks refuse less)."""
+    """The ``FailedJob`` columns of ``job``, brought within the job table's bounds (a row written
+    past them must still move)."""
     values = {
         "job_id": job.pk, "batch_id": job.batch_id, "queue": job.queue, "name": job.name,
         "payload": job.payload, "created_at": job.created_at, "priority": job.priority,
@@ -388,12 +360,21 @@ def _failed_values(job: Job) -> dict[str, Any]:
 # -- operators' changes of rows nobody holds --------------------------------------------
 
 
+def _gone(rows: list[Job]) -> list[Job]:
+    """The rows among ``rows`` that are gone (on SQLite, with no row locks, a worker may have claimed one)."""
+    ids = [row.pk for row in rows]
+    kept = {
+        pk
+        for start in range(0, len(ids), 900)
+        for pk in Job.objects.filter(pk__in=ids[start : start + 900]).values_list("pk", flat=True)
+    }
+    return [row for row in rows if row.pk not in kept]
+
+
 def delete_unreserved(ids: Sequence[int]) -> list[Job]:
     """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted."""
     with transaction.atomic(using=alias()):
-        # The row locks (PostgreSQL, MariaDB) keep a worker from claiming the rows
-        # before the DELETE; the DELETE's own condition protects a reserved job
-        # everywhere, SQLite included.
+        # Row locks (PostgreSQL, MariaDB) keep workers off before the DELETE, whose condition protects everywhere.
         rows = list(
             Job.objects.filter(pk__in=ids, reserved_at__isnull=True)
             .select_for_update()
@@ -404,8 +385,7 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
             return []
         unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)
         if unreserved.delete_now() != len(rows):
-            kept = set(Job.objects.filter(pk__in=[row.pk for row in rows]).values_list("pk", flat=True))
-            rows = [row for row in rows if row.pk not in kept]
+            rows = _gone(rows)
         react(alias(), {CANCELLED: rows})
     return rows
 
@@ -413,20 +393,12 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
 def delete_waiting(queue: str, last_id: int) -> int:
     """Delete the jobs of ``queue`` up to id ``last_id`` that nobody holds; return how many."""
     jobs = Job.objects.filter(queue=queue, reserved_at__isnull=True, id__lte=last_id)
-    # Locked: if a delete signal receiver makes Django select the rows before it
-    # deletes them by id, no worker can reserve one in between.
+    # Locked: a delete signal receiver makes Django select the rows before it deletes them by id.
     with transaction.atomic(using=alias()):
         members = list(jobs.filter(batch_id__isnull=False).select_for_update().only("id", "batch_id").order_by())
         deleted, _ = jobs.select_for_update().delete()
         if members:
-            # Counted if gone: on SQLite (no row locks) a worker may have claimed one since the read.
-            ids = [row.pk for row in members]
-            kept = {
-                pk
-                for start in range(0, len(ids), 900)
-                for pk in Job.objects.filter(pk__in=ids[start : start + 900]).values_list("pk", flat=True)
-            }
-            react(alias(), {CANCELLED: [row for row in members if row.pk not in kept]})
+            react(alias(), {CANCELLED: _gone(members)})
     return deleted
 
 
@@ -436,22 +408,17 @@ def run_now(jobs: QuerySet[Job]) -> int:
 
 
 def skip_member(job: Job) -> bool:
-    """End a claimed member of a cancelled batch without running it: delete its row
-    (if its reservation is still ``job``'s) and count it cancelled, in one transaction."""
-    using = alias()
-    with transaction.atomic(using=using):
-        if not Job.objects.get_queryset().held(job).delete_now():
-            return False
-        react(using, {CANCELLED: [job]})
-    return True
+    """End a claimed member of a cancelled batch unrun: delete its row (if its reservation is
+    still ``job``'s) and count it cancelled, in one transaction."""
+    return _change_held(job, CANCELLED, JobQuerySet.delete_now)
 
 
 def cancel_batch(batch_id: int) -> int | None:
-    """Mark a batch cancelled and delete its members nobody holds (counted ``cancelled``);
-    return how many, or None if it was cancelled or finished already."""
+    """Mark a batch cancelled and delete its members nobody holds; return how many, or None if
+    it was cancelled or finished already."""
     using = alias()
     with transaction.atomic(using=using):
-        # The batch row first: an ``add`` waits for this transaction, and then sees the cancel.
+        # The batch row first: an ``add`` waits for this transaction, then sees the cancel.
         if not JobBatch.objects.filter(pk=batch_id, cancelled_at__isnull=True, finished_at__isnull=True).update(
             cancelled_at=DbNow()
         ):

@@ -1,11 +1,8 @@
-"""What features do when job rows end: the one subscription point of the lifecycle.
+"""What features do when job rows end: ``REACTIONS``, the one subscription point of the lifecycle.
 
-``REACTIONS`` pairs a job column with a function run in the transaction that
-ended (or brought back) rows carrying that column, after the change: a
-reservation of a concurrency key ended (unblock the rows waiting for its
-slots), a batch member ended or came back (move its batch's counters, enqueue
-the callbacks that fire). A change of rows that carry none of the columns
-pays nothing more than the change itself.
+Each pairs a job column with a function run in the transaction that ended (or brought back)
+rows carrying it: free concurrency slots, move batch counters and enqueue their callbacks.
+Rows that carry none of the columns pay nothing more than the change itself.
 """
 
 from __future__ import annotations
@@ -31,14 +28,11 @@ from ..signals import batch_finished
 
 logger = logging.getLogger("django_dbqueue")
 
-
 # How rows ended, as the reactions are told.
 SUCCEEDED, FAILED, RELEASED, CANCELLED, RETRIED_BACK, LEFT = (
     "succeeded", "failed", "released", "cancelled", "retried", "left",
 )  # fmt: skip
 
-
-# -- the one subscription point -----------------------------------------------------
 
 Reaction = Callable[[str, Mapping[str, Sequence[Any]], list[Job]], None]
 
@@ -49,12 +43,9 @@ def _free_slots(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job
 
 
 def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) -> None:
-    """Batch members ended (or came back): move their batches' counters.
-
-    A member whose chain goes on (its next step, in ``follow``, is in its batch)
-    has not ended, unless its batch was cancelled: then it counts as cancelled
-    and the next step is dropped from ``follow``.
-    """
+    """Batch members ended (or came back): move their batches' counters. A member whose chain
+    goes on in its batch (``follow``) has not ended, unless the batch was cancelled: then it
+    counts as cancelled and its next step is dropped."""
     counts = {kind: count_members(rows) for kind, rows in ended.items()}
     going_on = {row.batch_id for row in follow if row.batch_id} & set(counts.get(SUCCEEDED, ()))
     if going_on:
@@ -73,10 +64,8 @@ def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[
         members_ended(using, **counts)
 
 
-# Each feature: the column its rows carry, the outcomes it reacts to, and its
-# reaction, run in this order after the rows changed, in the transaction that
-# changed them. A reservation holds a slot (so a release frees it), a batch
-# member stays pending while released.
+# Each feature: the column its rows carry, the outcomes it reacts to, its reaction (run in
+# this order). A release frees a slot; a released batch member stays pending.
 REACTIONS: tuple[tuple[str, frozenset[str], Reaction], ...] = (
     ("concurrency_key", frozenset({SUCCEEDED, FAILED, RELEASED}), _free_slots),
     ("batch_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK, LEFT}), _count_members),
@@ -84,11 +73,8 @@ REACTIONS: tuple[tuple[str, frozenset[str], Reaction], ...] = (
 
 
 def reacts(outcome: str, rows: Iterable[Any]) -> bool:
-    """Whether rows that end with ``outcome`` concern any reaction (and so need a transaction).
-
-    A column not loaded (a deferred field) counts as unused: reading it would
-    query a row that may be gone.
-    """
+    """Whether rows that end with ``outcome`` concern any reaction (and so need a transaction);
+    a deferred column counts as unused (reading it would query a row that may be gone)."""
     return any(vars(row).get(column) for column, outcomes, _ in REACTIONS if outcome in outcomes for row in rows)
 
 
@@ -104,28 +90,15 @@ def react(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job] | No
             reaction(using, concerned, follow if follow is not None else [])
 
 
-# -- concurrency: free slots -------------------------------------------------------------
-
-
 def running(using: str, keys: Sequence[str]) -> dict[str, int]:
     """The reserved rows of each concurrency key among ``keys``."""
-    rows = (
-        Job.objects.using(using)
-        .filter(concurrency_key__in=keys, reserved_at__isnull=False)
-        .order_by()
-        .values_list("concurrency_key")
-        .annotate(n=Count("id"))
-    )
-    return dict(rows)
+    reserved = Job.objects.using(using).filter(concurrency_key__in=keys, reserved_at__isnull=False)
+    return dict(reserved.order_by().values_list("concurrency_key").annotate(n=Count("id")))
 
 
 def unblock(using: str, keys: Iterable[str | None]) -> int:
-    """Unblock as many rows of each key as it has free slots; return how many.
-
-    Called in the transaction that ends reservations of these keys, after the
-    change: the lock on each key's row makes it wait for a claim that is
-    blocking the key's rows, so the rows that claim blocks are seen here.
-    """
+    """Unblock as many rows of each key as it has free slots; return how many. The lock on each
+    key's row waits for a claim that is blocking the key's rows, so those rows are seen here."""
     named = sorted({key for key in keys if key})
     if not named:
         return 0
@@ -151,13 +124,10 @@ def unblock(using: str, keys: Iterable[str | None]) -> int:
 
 
 def sweep(using: str) -> int:
-    """Unblock the rows of every blocked key that has free slots (idle workers, now and then,
-    in case a limit was raised in code)."""
+    """Unblock the rows of every blocked key with free slots (idle workers, in case a limit was raised)."""
     blocked = Job.objects.using(using).filter(concurrency_key__isnull=False, blocked=True).order_by()
     return unblock(using, blocked.values_list("concurrency_key", flat=True).distinct())
 
-
-# -- batches: counters and callbacks ---------------------------------------------------
 
 # The callback kinds, in the order they are enqueued when several fire at once.
 CALLBACKS = ("on_failure", "then", "on_finish")
@@ -178,12 +148,9 @@ def members_ended(
     left: Counter[int] | None = None,
     touched: Iterable[int] = (),
 ) -> None:
-    """Move the counters of the batches whose members just ended (or came back,
-    ``retried``; or failed members of a cancelled batch retried outside it, ``left``):
-    ``{batch_id: count}`` each, in the transaction that changed the member rows,
-    after it changed them (rows, then batch: the order every path takes). The
-    callbacks that fire are enqueued in the same transaction.
-    """
+    """Move the counters of the batches whose members ended (or came back, ``retried``; or left a
+    cancelled batch, ``left``), ``{batch_id: count}`` each, after the member rows changed, in
+    their transaction; the callbacks that fire are enqueued in it."""
     succeeded, failed = succeeded or Counter(), failed or Counter()
     cancelled, retried, left = cancelled or Counter(), retried or Counter(), left or Counter()
     for batch_id in sorted({*succeeded, *failed, *cancelled, *retried, *left, *touched}):
@@ -214,8 +181,7 @@ def members_ended(
 
 
 def finished_by_members(using: str, batch_ids: Iterable[int]) -> None:
-    """In the transaction whose statement took these batches' ``pending`` to 0
-    (``claims.finish_and_reserve``): finish them, enqueueing their callbacks."""
+    """Finish the batches whose ``pending`` a statement took to 0 (``claims.finish_and_reserve``)."""
     for row in JobBatch.objects.using(using).filter(pk__in=sorted(batch_ids), finished_at__isnull=True):
         finish_batch(row, cancelled=row.cancelled_at is not None)
 

@@ -26,7 +26,9 @@ def retry(failed_jobs: QuerySet[FailedJob]) -> list[Job]:
     with transaction.atomic(using=using):
         failed = list(failed_jobs.select_for_update().order_by("id"))
         # A failed member of a cancelled batch would not run in it: it runs on its own.
-        outside = _cancelled_batches(using, {row.batch_id for row in failed if row.batch_id})
+        batches = {row.batch_id for row in failed if row.batch_id is not None}
+        cancelled = JobBatch.objects.using(using).filter(pk__in=batches, cancelled_at__isnull=False)
+        outside = set(cancelled.values_list("pk", flat=True)) if batches else set()
         rows = [
             Job(
                 queue=row.queue, name=row.name, payload=row.payload, priority=row.priority,
@@ -37,8 +39,7 @@ def retry(failed_jobs: QuerySet[FailedJob]) -> list[Job]:
             )
             for row in failed
         ]  # fmt: skip
-        failed, rows = _without_invalid(failed, rows)
-        failed, rows = _without_taken_keys(failed, rows)
+        failed, rows = _retryable(failed, rows)
         if any(row.unique_key for row in rows):
             # A key taken since the check above: that failed job stays failed.
             kept = [(old, new) for old, new in zip(failed, insert.insert_each(rows, using), strict=True) if new]
@@ -61,8 +62,8 @@ def retry(failed_jobs: QuerySet[FailedJob]) -> list[Job]:
 
 
 def _retry_pointers(retried: list[tuple[int, Job]]) -> None:
-    """Point the result records of failed jobs just retried (old id, new row) at their
-    new runs, in one multi-row upsert: a record the failed run kept is replaced."""
+    """Point the result records of failed jobs just retried (old id, new row) at their new runs,
+    in one upsert (replacing a record the failed run kept)."""
     records = []
     fallback = None
     for old_id, job in retried:
@@ -91,13 +92,6 @@ def _retry_pointers(retried: list[tuple[int, Job]]) -> None:
     )
 
 
-def _cancelled_batches(using: str, ids: set[int | None]) -> set[int | None]:
-    if not ids:
-        return set()
-    cancelled = JobBatch.objects.using(using).filter(pk__in=ids, cancelled_at__isnull=False)
-    return set(cancelled.values_list("pk", flat=True))
-
-
 # The flow columns a failed job's envelope keeps (its "flow"); anything else there is left out.
 _FLOW_COLUMNS = frozenset(
     ("unique_key", "unique_until_start", "concurrency_key", "concurrency_limit", "rate_key", "rate_limit")
@@ -112,26 +106,17 @@ def _flow_columns(text: str) -> dict[str, Any]:
     return {name: value for name, value in flow.items() if name in _FLOW_COLUMNS} if isinstance(flow, dict) else {}
 
 
-def _without_invalid(failed: list[FailedJob], rows: list[Job]) -> tuple[list[FailedJob], list[Job]]:
-    """Leave out the failed jobs whose row would hold a value out of bounds: they stay failed, logged."""
+def _retryable(failed: list[FailedJob], rows: list[Job]) -> tuple[list[FailedJob], list[Job]]:
+    """Leave out the failed jobs whose row would hold a value out of bounds, or whose unique key
+    another job holds now: they stay failed, logged."""
+    keys = [row.unique_key for row in rows if row.unique_key]
+    taken = set(Job.objects.filter(unique_key__in=keys).values_list("unique_key", flat=True)) if keys else set()
     kept = []
     for old, new in zip(failed, rows, strict=True):
         error = row_error(new.__dict__)
-        if error is None:
-            kept.append((old, new))
-        else:
+        if error is not None:
             logger.error("failed job not retried failed_id=%s job=%s: its row %s", old.pk, old.name, error)
-    return [old for old, _ in kept], [new for _, new in kept]
-
-
-def _without_taken_keys(failed: list[FailedJob], rows: list[Job]) -> tuple[list[FailedJob], list[Job]]:
-    """Leave out the failed jobs whose unique key another job holds now: they stay failed, with a warning."""
-    keys = [row.unique_key for row in rows if row.unique_key]
-    taken = set(Job.objects.filter(unique_key__in=keys).values_list("unique_key", flat=True)) if keys else set()
-    if not taken:
-        return failed, rows
-    for old, new in zip(failed, rows, strict=True):
-        if new.unique_key in taken:
+        elif new.unique_key in taken:
             logger.warning(
                 "failed job %s (%s) not retried: job %s with the same unique key %r is waiting or running",
                 old.pk,
@@ -139,5 +124,6 @@ def _without_taken_keys(failed: list[FailedJob], rows: list[Job]) -> tuple[list[
                 Job.objects.filter(unique_key=new.unique_key).values_list("pk", flat=True).first(),
                 new.unique_key,
             )
-    kept = [(old, new) for old, new in zip(failed, rows, strict=True) if new.unique_key not in taken]
+        else:
+            kept.append((old, new))
     return [old for old, _ in kept], [new for _, new in kept]

@@ -1,5 +1,6 @@
-"""The queue's tables and their named querysets (``jobs``: the job and failed-job
-tables, the one vocabulary of a job's ``State``; ``tables``: the others)."""
+"""The queue's tables and their named querysets (``jobs``: the job and failed-job tables and
+the vocabularies of a job's state, ``State`` and ``JobStatus``; ``tables``: the others, with
+``BatchState``)."""
 
 from .jobs import (
     ANALYZE_AFTER,
@@ -11,30 +12,28 @@ from .jobs import (
     JOB_RECORDS,
     NO_CANCEL,
     RETRIED,
+    STATUSES,
     UNIQUE_INDEX,
     FailedJob,
-    FailedJobManager,
     FailedJobQuerySet,
     Job,
-    JobManager,
     JobQuerySet,
-    LeaseOver,
+    JobStatus,
     State,
-    bounds_condition,
     check_rows,
     record_id,
     sql_names,
 )
 from .tables import (
-    PRUNE_CHUNK,
+    BATCH_STATES,
+    BatchState,
     FlowLimit,
-    FlowLimitManager,
     JobBatch,
+    JobBatchQuerySet,
     JobHistory,
     JobProgress,
     PausedQueue,
     QueueControl,
-    QueueDatabaseManager,
     QueueWorker,
     ScheduleState,
     TaskResultRecord,
@@ -42,11 +41,10 @@ from .tables import (
 )
 
 __all__ = [
-    "ANALYZE_AFTER", "CANCEL", "CANCELLED_CLASS", "CANCEL_HARD", "DB_NOW", "INVALID_ROW_CLASS",
-    "JOB_RECORDS", "NO_CANCEL", "PRUNE_CHUNK", "RETRIED", "UNIQUE_INDEX", "FailedJob",
-    "FailedJobManager", "FailedJobQuerySet", "FlowLimit", "FlowLimitManager", "Job", "JobBatch",
-    "JobHistory", "JobManager", "JobProgress", "JobQuerySet", "LeaseOver", "PausedQueue",
-    "QueueControl", "QueueDatabaseManager", "QueueWorker", "ScheduleState", "State",
-    "TaskResultRecord", "UniqueWindow", "bounds_condition", "check_rows",
-    "record_id", "sql_names",
+    "ANALYZE_AFTER", "BATCH_STATES", "CANCEL", "CANCELLED_CLASS", "CANCEL_HARD", "DB_NOW",
+    "INVALID_ROW_CLASS", "JOB_RECORDS", "NO_CANCEL", "RETRIED", "STATUSES", "UNIQUE_INDEX",
+    "BatchState", "FailedJob", "FailedJobQuerySet", "FlowLimit", "Job", "JobBatch",
+    "JobBatchQuerySet", "JobHistory", "JobProgress", "JobQuerySet", "JobStatus",
+    "PausedQueue", "QueueControl", "QueueWorker", "ScheduleState", "State", "TaskResultRecord",
+    "UniqueWindow", "check_rows", "record_id", "sql_names",
 ]  # fmt: skip

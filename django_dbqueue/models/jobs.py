@@ -1,4 +1,4 @@
-"""The queue's tables, their named querysets and the one vocabulary of a job's state.
+"""The job and failed-job tables, their named querysets and the one vocabulary of a job's state.
 
 No state change lives here: a job's life after its claim is ``lifecycle``, the
 claim is ``claims``; every INSERT of job rows is ``insert``.
@@ -6,6 +6,7 @@ claim is ``claims``; every INSERT of job rows is ``insert``.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -22,15 +23,28 @@ logger = logging.getLogger("django_dbqueue")
 
 # Rows inserted at once after which PostgreSQL re-analyzes the job table.
 ANALYZE_AFTER = 1000
-# Annotation that reads the database's clock into ``db_now`` (a dict, so the type
-# checker keeps the attribute declared on the model).
+# Reads the database's clock into ``db_now`` (a dict, so the type checker keeps the model's attribute).
 DB_NOW = {"db_now": DbNow()}
-# The unique index of ``Job.unique_key`` (migration 0008).
 UNIQUE_INDEX = "dbqueue_job_unique"  # on Job.unique_key (migration 0008)
 # Values of ``Job.cancel``.
 NO_CANCEL, CANCEL, CANCEL_HARD = 0, 1, 2
 CANCELLED_CLASS = "django_dbqueue.exceptions.JobCancelled"
 INVALID_ROW_CLASS = "django_dbqueue.exceptions.InvalidJobRow"
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is as its caller follows it (``JobHandle``); ``finished`` for the last three."""
+
+    WAITING = "waiting"
+    DELAYED = "delayed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class State(models.TextChoices):
@@ -42,12 +56,23 @@ class State(models.TextChoices):
     RESERVED = "reserved", "reserved"
     EXPIRED = "expired", "reservation expired"  # reserved past its retry_after: to be reclaimed
 
+    @property
+    def status(self) -> JobStatus:
+        """The row's state as its caller follows it: blocked is waiting, reserved or expired running."""
+        return STATUSES[self]
+
+
+STATUSES = {
+    State.WAITING: JobStatus.WAITING,
+    State.DELAYED: JobStatus.DELAYED,
+    State.BLOCKED: JobStatus.WAITING,
+    State.RESERVED: JobStatus.RUNNING,
+    State.EXPIRED: JobStatus.RUNNING,
+}
+
 
 class LeaseOver(Func):
-    """True where a reservation is older than its ``retry_after``, by the database's clock.
-
-    Compared in SQL, so finding the expired reservations reads no row that has not expired.
-    """
+    """True where a reservation is older than its ``retry_after``, by the database's clock (in SQL)."""
 
     conditional = True
     output_field = models.BooleanField()
@@ -71,6 +96,13 @@ class LeaseOver(Func):
     def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         at, after, params = self._columns(compiler, connection)
         return f"(TIMESTAMPADD(SECOND, {after}, {at}) <= UTC_TIMESTAMP(6))", params
+
+
+class QueueDatabaseManager(models.Manager[Any]):
+    """Reads and writes the database that holds the queue."""
+
+    def get_queryset(self) -> models.QuerySet[Any]:
+        return super().get_queryset().using(self._db or alias())
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -119,33 +151,23 @@ class JobQuerySet(models.QuerySet["Job"]):
     def delete_now(self) -> int:
         """Delete the matching rows in one DELETE statement; return how many.
 
-        ``QuerySet.delete()`` first SELECTs the rows and deletes them by id when
-        any delete signal receiver is connected, which would drop the
-        ``attempts`` condition of a compare-and-set.
+        ``QuerySet.delete()`` SELECTs the rows first when a delete signal receiver is
+        connected, which would drop the ``attempts`` condition of a compare-and-set.
         """
         # None when the filter can match nothing (``pk__in=[]``): no statement is sent.
         return int(self._raw_delete(self.db) or 0)
 
 
-class JobManager(models.Manager["Job"]):
+class _JobManager(models.Manager["Job"]):
     def get_queryset(self) -> JobQuerySet:
         return JobQuerySet(self.model, using=self._db or alias())
-
-    def waiting(self) -> JobQuerySet:
-        return self.get_queryset().waiting()
-
-    def delayed(self) -> JobQuerySet:
-        return self.get_queryset().delayed()
-
-    def blocked(self) -> JobQuerySet:
-        return self.get_queryset().blocked()
-
-    def reserved(self) -> JobQuerySet:
-        return self.get_queryset().reserved()
 
     def expired(self) -> list[Job]:
         """The expired reservations, as a list (``get_queryset().expired()`` is the queryset)."""
         return list(self.get_queryset().expired())
+
+
+JobManager = _JobManager.from_queryset(JobQuerySet)
 
 
 def check_rows(rows: Iterable[Job]) -> None:
@@ -157,8 +179,7 @@ def check_rows(rows: Iterable[Job]) -> None:
 
 
 def sql_names(connection: Any, *fields: str) -> list[str]:
-    """The job table's quoted name, then the quoted columns of ``fields``: identifiers
-    for fixed SQL come from the model's meta, never from input."""
+    """The job table's quoted name, then the quoted columns of ``fields`` (from the model, never input)."""
     meta = Job._meta
     qn = connection.ops.quote_name
     columns = {field.name: str(field.column) for field in meta.concrete_fields}
@@ -169,10 +190,10 @@ NOT_NEGATIVE = [MinValueValidator(0)]
 
 
 def bounds_condition() -> Q:
-    """The job table's CHECK condition: every column of ``ROW_BOUNDS`` within its bounds.
+    """The job table's CHECK: every column of ``ROW_BOUNDS`` within its bounds.
 
-    A NULL passes a CHECK, so the nullable columns need no ``IS NULL OR``: each
-    node costs PostgreSQL work in every statement that writes a row.
+    A NULL passes a CHECK, so nullable columns need no ``IS NULL OR`` (each node
+    costs PostgreSQL work in every statement that writes a row).
     """
     condition = Q()
     for column, (low, high) in ROW_BOUNDS.items():
@@ -187,20 +208,16 @@ class Job(models.Model):
     queue = models.CharField(max_length=100, default="default")
     name = models.CharField(max_length=200, help_text="Registered name of the job definition.")
     payload = models.TextField(help_text="JSON envelope: arguments and options.")
-    # Higher runs first within a queue (Django's Tasks: -100..100). The bounds of the
-    # numbered columns are the table's one CHECK (Meta.constraints), checked first
-    # where rows are built (validation.row_error); the validators say it to forms.
+    # Higher runs first (Django's Tasks: -100..100). The bounds are the table's one
+    # CHECK (Meta.constraints), checked first by validation.row_error; validators tell forms.
     priority = models.SmallIntegerField(
         default=0, validators=[MinValueValidator(MIN_PRIORITY), MaxValueValidator(MAX_PRIORITY)]
     )
-    # Reservations so far; bumped by every reserve and never reset: with the id, it
-    # names a reservation (every state change is a compare-and-set on both).
+    # Bumped by every reserve, never reset: with the id, it names a reservation.
     attempts = models.IntegerField(default=0, validators=NOT_NEGATIVE)
-    # Reservations given back without spending a try (never started, or ended by a
-    # lost database connection). The tries checks count ``attempts - given_back``.
+    # Reservations that spent no try (never started, or a lost connection): tries count ``attempts - given_back``.
     given_back = models.IntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
-    # NO_CANCEL, CANCEL (the job stops when it next checks) or CANCEL_HARD (stopped
-    # as at a timeout): a request to a worker that holds the job (lifecycle.cancel).
+    # NO_CANCEL, CANCEL (stop at the next check) or CANCEL_HARD (as at a timeout): see lifecycle.cancel.
     cancel = models.SmallIntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
     # Attempts that ended in an exception and were released (for ``max_exceptions``).
     exceptions = models.IntegerField(default=0, db_default=0, validators=NOT_NEGATIVE)
@@ -215,19 +232,16 @@ class Job(models.Model):
     # The worker process holding the reservation (a supervisor reclaims a dead child's jobs).
     reserved_by = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField()
-    # Flow control (docs/flow.md): NULL, not "", when unused, so unique and partial
-    # indexes leave the row out. No two rows hold one unique_key (unique.py).
+    # Flow control (docs/flow.md): NULL, not "", when unused, so unique and partial indexes leave the row out.
     unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     unique_until_start = models.BooleanField(default=False, db_default=False)
-    # At most concurrency_limit reserved rows share a concurrency_key; ``blocked``:
-    # waiting for a slot, skipped by claims until a reservation of the key ends.
+    # ``blocked``: waiting for a slot of its concurrency key, skipped by claims until one is freed.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     concurrency_limit = models.SmallIntegerField(null=True, blank=True, validators=NOT_NEGATIVE)
     blocked = models.BooleanField(default=False, db_default=False)
     # The rate bucket its starts spend, and its limit as "count/seconds/burst" (rates.py).
     rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     rate_limit = models.CharField(max_length=50, null=True, blank=True)  # noqa: DJ001
-    # The batch this row is a member of: its outcome moves the batch's counters.
     batch_id = models.BigIntegerField(null=True, blank=True)
 
     objects = JobManager()
@@ -238,13 +252,9 @@ class Job(models.Model):
     class Meta:
         db_table = "dbqueue_job"
         ordering = ["-priority", "available_at", "id"]
-        # The indexes are made by the migrations, per database: the claim reads
-        # dbqueue_job_claim (queue, priority DESC, available_at, id), partial on
-        # PostgreSQL (dbqueue_job_waiting: reserved_at IS NULL AND NOT blocked);
-        # dbqueue_job_reserved (reserved_at) serves the reclaim.
+        # The migrations make the indexes, per database: dbqueue_job_claim for the claim
+        # (partial on PostgreSQL: dbqueue_job_waiting), dbqueue_job_reserved for the reclaim.
         permissions = [("cancel_job", "Can cancel jobs, waiting or running")]
-        # One CHECK for the bounds the worker relies on (migration 0014): PostgreSQL
-        # compiles it in each statement that writes a row, at a cost per term.
         constraints = [models.CheckConstraint(condition=bounds_condition(), name="dbqueue_job_bounds")]
 
     def __str__(self) -> str:
@@ -268,9 +278,8 @@ class Job(models.Model):
         return State.DELAYED if now is not None and self.available_at > now else State.WAITING
 
 
-# Result store records of ``@job`` jobs (``TaskResultRecord``): their key, their
-# ``backend`` (tasks name theirs), and the status of a job retried from FailedJob,
-# whose ``job_id`` names the new run.
+# Result records of ``@job`` jobs: their ``backend``, and the status of one retried
+# from FailedJob (its ``job_id`` names the new run).
 JOB_RECORDS = ""
 RETRIED = "retried"
 
@@ -307,7 +316,7 @@ class FailedJob(models.Model):
     error = models.TextField(help_text="The full traceback, or why the job could not run.")
     created_at = models.DateTimeField(help_text="When the job was first enqueued.")
     failed_at = models.DateTimeField()
-    # The batch the job was a member of; a retry puts it back into that batch.
+    # A retry puts the job back into this batch.
     batch_id = models.BigIntegerField(null=True, blank=True)
 
     objects = FailedJobManager()

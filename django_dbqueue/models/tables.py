@@ -11,18 +11,19 @@ from django.db import connections, models, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Substr
 
-from ..db import alias
-from .jobs import DB_NOW, Job
+from .jobs import DB_NOW, Job, QueueDatabaseManager
 
 
-class QueueDatabaseManager(models.Manager[Any]):
-    """Reads and writes the database that holds the queue."""
+class QueueTable(models.Model):
+    """A table of the queue, read and written on the queue's database."""
 
-    def get_queryset(self) -> models.QuerySet[Any]:
-        return super().get_queryset().using(self._db or alias())
+    objects = QueueDatabaseManager()
+
+    class Meta:
+        abstract = True
 
 
-class JobProgress(models.Model):
+class JobProgress(QueueTable):
     """Progress of one job (key = its id) or chain (key = ``chain:<id>``)."""
 
     id = models.BigAutoField(primary_key=True)
@@ -34,30 +35,23 @@ class JobProgress(models.Model):
     error = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField()
 
-    objects = QueueDatabaseManager()
-
     class Meta:
         db_table = "dbqueue_job_progress"
         verbose_name_plural = "job progress"
         indexes = [models.Index(fields=["updated_at"], name="dbqueue_progress_updated")]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(percent__gte=0, percent__lte=100),
-                name="dbqueue_progress_percent_range",
-            ),
+            models.CheckConstraint(condition=Q(percent__gte=0, percent__lte=100), name="dbqueue_progress_percent_range")
         ]
 
     def __str__(self) -> str:
         return f"{self.key}: {self.percent:.0f}%"
 
 
-class QueueControl(models.Model):
+class QueueControl(QueueTable):
     """Markers every worker on every host reads, such as a restart request."""
 
     key = models.CharField(max_length=100, unique=True)
     updated_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_control"
@@ -67,12 +61,8 @@ class QueueControl(models.Model):
         return f"{self.key} at {self.updated_at}"
 
 
-class QueueWorker(models.Model):
-    """A live worker process: the queues it serves, written at start and by its heartbeat.
-
-    Removed when the worker stops; a row whose ``last_seen_at`` is old belongs to a
-    worker that died.
-    """
+class QueueWorker(QueueTable):
+    """A live worker process, written at start and by its heartbeat; removed when it stops."""
 
     id = models.BigAutoField(primary_key=True)
     worker_id = models.CharField(max_length=100, unique=True, help_text="As in Job.reserved_by.")
@@ -83,14 +73,11 @@ class QueueWorker(models.Model):
     last_seen_at = models.DateTimeField()
     # The options that matter to an operator, as "name=value" words (threads=4 batch=10 ...).
     options = models.CharField(max_length=200, blank=True, default="", db_default="")
-    # Written with ``last_seen_at`` by the heartbeat: jobs run so far, those that
-    # failed for good, those running now, and the one running longest.
+    # Written by the heartbeat: jobs run, failed for good, running now, and the one running longest.
     processed = models.PositiveBigIntegerField(default=0, db_default=0)
     failed = models.PositiveBigIntegerField(default=0, db_default=0)
     running = models.PositiveIntegerField(default=0, db_default=0)
     current_job = models.CharField(max_length=255, blank=True, default="", db_default="")
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_worker"
@@ -105,7 +92,7 @@ class QueueWorker(models.Model):
         return [queue for queue in self.queues.split(",") if queue]
 
 
-class TaskResultRecord(models.Model):
+class TaskResultRecord(QueueTable):
     """The outcome of a ``django.tasks`` task, kept after its job row is gone."""
 
     id = models.CharField(max_length=64, primary_key=True)
@@ -127,8 +114,6 @@ class TaskResultRecord(models.Model):
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    objects = QueueDatabaseManager()
-
     class Meta:
         db_table = "dbqueue_task_result"
         verbose_name = "task result"
@@ -138,15 +123,10 @@ class TaskResultRecord(models.Model):
         return f"{self.task_path} {self.id}: {self.status}"
 
 
-class ScheduleState(models.Model):
-    """The state of one periodic schedule declared in code (``schedules.periodic``).
+class ScheduleState(QueueTable):
+    """Where one periodic schedule declared in code stands (``schedules``): next tick, last run, enabled.
 
-    The code holds what a schedule is; this row holds where it stands: the next
-    tick to enqueue, the last one enqueued and its job, and whether an operator
-    disabled it. A tick is enqueued in the transaction that moves ``next_tick``,
-    under a lock on this row (a compare-and-set of ``next_tick`` on SQLite), so
-    each tick is enqueued exactly once, whatever the number of workers. A row
-    whose schedule left the code is kept, with its history, and shown as stale.
+    A row whose schedule left the code is kept, with its history, and shown as stale.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -155,25 +135,19 @@ class ScheduleState(models.Model):
     # As declared: a cron expression, a shorthand (@daily) or an interval ("every 30s").
     expression = models.CharField(max_length=200)
     timezone = models.CharField(max_length=64)
-    # The arguments of each run, as JSON (shown to operators).
     arguments = models.TextField(default="{}")
     enabled = models.BooleanField(default=True)
-    # The next tick to enqueue; None: to be computed from the database's clock by
-    # the next worker that looks (a new or changed schedule, one enabled again).
+    # None: computed from the database's clock by the next worker that looks.
     next_tick = models.DateTimeField(null=True, blank=True)
-    # The tick of the last run enqueued (a scheduled time, not the time it was enqueued).
+    # The last run enqueued: its tick (a scheduled time), when it was enqueued (a tick or "run now"), its job.
     last_tick = models.DateTimeField(null=True, blank=True)
-    # When the last run was enqueued, by a tick or "run now" (the database's clock).
     last_run_at = models.DateTimeField(null=True, blank=True)
-    # The job of that run (its row is deleted when it succeeds).
     last_job_id = models.BigIntegerField(null=True, blank=True)
     # Runs enqueued, and ticks not run (missed while no worker ticked, or overlapping).
     runs = models.PositiveIntegerField(default=0)
     skipped = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     # The database's clock, on rows read by queries that annotate it.
     db_now: datetime
@@ -191,17 +165,12 @@ class ScheduleState(models.Model):
 
 class FlowLimitManager(QueueDatabaseManager):
     def lock(self, keys: Iterable[str]) -> dict[str, FlowLimit]:
-        """Lock the rows of ``keys`` for the current transaction, creating the missing
-        ones; return them by key, with the database's clock in ``db_now``.
-
-        Rows are locked in key order, so claims that lock several keys never wait
-        on each other in a circle.
-        """
+        """Lock the rows of ``keys`` in key order (no circle of waits), creating the missing ones;
+        return them by key, with the database's clock in ``db_now``."""
         keys = sorted(set(keys))
         queryset = self.get_queryset()
         found = {row.key: row for row in _locked(queryset.filter(key__in=keys))}
-        # Twice: a row ``prune`` deleted between the insert (a conflict, ignored)
-        # and the lock is made again.
+        # Twice: a row ``prune`` deleted between the insert and the lock is made again.
         for _ in range(2):
             missing = [key for key in keys if key not in found]
             if not missing:
@@ -211,13 +180,10 @@ class FlowLimitManager(QueueDatabaseManager):
         return found
 
     def prune(self, *, older_than: timedelta, concurrency_prefix: str) -> int:
-        """Delete the rows no claim needs; return how many.
+        """Delete the rows no claim needs (made again when one does); return how many.
 
-        A rate bucket not refilled for ``older_than`` (and holding no job back)
-        would be full again at its next use, and a concurrency key's row
-        (``concurrency_prefix`` + key) that no job row names holds no slot: both
-        are made again when a claim needs them. Rows a claim holds locked are
-        left for the next prune.
+        A rate bucket not refilled for ``older_than`` and holding no job back would be
+        full again; a concurrency key's row that no job names holds no slot.
         """
         queryset = self.get_queryset()
         using = queryset.db
@@ -249,24 +215,17 @@ def _locked(queryset: models.QuerySet[Any]) -> list[Any]:
 class FlowLimit(models.Model):
     """A row per concurrency key and per rate-limit bucket, locked by the claims that use it.
 
-    A claim that takes a slot of a concurrency key locks that key's row, then
-    counts the key's reserved jobs; a claim that spends rate-limit tokens locks
-    the bucket's row, refills ``tokens`` for the time since ``updated_at`` and
-    takes what it spends. The lock serialises the claims of one key across
-    workers and hosts; claims of other keys do not wait.
+    The lock serialises the claims of one key across workers and hosts.
     """
 
     key = models.CharField(max_length=255, unique=True)
     tokens = models.FloatField(default=0)
     updated_at = models.DateTimeField(null=True, blank=True)
-    # A rate bucket: the time after the last job held back for it is due (the next
-    # one held back is due then), so jobs held back by successive claims are spaced
-    # at the bucket's rate rather than all due at once.
+    # A rate bucket: when the next job held back is due, so successive ones are spaced at its rate.
     held_until = models.DateTimeField(null=True, blank=True)
 
     objects = FlowLimitManager()
 
-    # The database's clock, on rows read by ``FlowLimit.objects.lock``.
     db_now: datetime
 
     class Meta:
@@ -277,15 +236,12 @@ class FlowLimit(models.Model):
         return self.key
 
 
-class UniqueWindow(models.Model):
+class UniqueWindow(QueueTable):
     """A unique key taken for a time (``@job(unique_for=...)``), whatever became of its job."""
 
     key = models.CharField(max_length=255, unique=True)
-    # The job enqueued when the window opened (its row may be gone).
     job_id = models.BigIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_unique_window"
@@ -296,13 +252,11 @@ class UniqueWindow(models.Model):
         return self.key
 
 
-class PausedQueue(models.Model):
+class PausedQueue(QueueTable):
     """A paused queue: workers claim none of its jobs until it is resumed (the row deleted)."""
 
     queue = models.CharField(max_length=100, unique=True)
     paused_at = models.DateTimeField()
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_paused_queue"
@@ -313,33 +267,57 @@ class PausedQueue(models.Model):
         return self.queue
 
 
+class BatchState(models.TextChoices):
+    """Where a batch is (``JobBatch.state``); ``failed``: finished with failures."""
+
+    RUNNING = "running", "running"
+    FINISHED = "finished", "finished"
+    FAILED = "failed", "failed (finished, some members failed)"
+    CANCELLING = "cancelling", "cancelling (members still running)"
+    CANCELLED = "cancelled", "cancelled"
+
+
+# Each BatchState in SQL, as ``JobBatch.state`` reads it on a row.
+BATCH_STATES = {
+    BatchState.RUNNING: Q(cancelled_at__isnull=True, finished_at__isnull=True),
+    BatchState.FINISHED: Q(cancelled_at__isnull=True, finished_at__isnull=False, failed=0),
+    BatchState.FAILED: Q(cancelled_at__isnull=True, finished_at__isnull=False, failed__gt=0),
+    BatchState.CANCELLING: Q(cancelled_at__isnull=False, finished_at__isnull=True),
+    BatchState.CANCELLED: Q(cancelled_at__isnull=False, finished_at__isnull=False),
+}
+
+
+class JobBatchQuerySet(models.QuerySet["JobBatch"]):
+    def in_state(self, *states: str) -> JobBatchQuerySet:
+        """The batches in any of ``states`` (``BatchState`` values)."""
+        condition = Q(pk__in=[])
+        for state in dict.fromkeys(states):
+            condition |= BATCH_STATES[BatchState(state)]
+        return self.filter(condition)
+
+
 class JobBatch(models.Model):
     """A batch of jobs (batches.py): its counters move in the transactions that end its members.
 
-    ``pending`` counts the members not yet ended: a member that succeeds, fails
-    for good or is cancelled leaves it; a failed member retried comes back.
-    ``total = pending + succeeded + failed + cancelled`` at every commit.
+    ``total = pending + succeeded + failed + cancelled`` at every commit; a failed member retried is pending again.
     """
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200, blank=True, default="")
-    # Members in all: enqueued with the batch and added later.
     total = models.PositiveIntegerField(default=0)
     pending = models.PositiveIntegerField(default=0)
-    # Members in FailedJob now (a retry takes one back to pending).
     failed = models.PositiveIntegerField(default=0)
     # Members that were still waiting when the batch was cancelled: deleted, never run.
     cancelled = models.PositiveIntegerField(default=0)
     allow_failures = models.BooleanField(default=False)
-    # {"then": [step, ...], "on_failure": [...], "on_finish": [...]}: the jobs to
-    # enqueue when the batch finishes or a member fails (JSON steps, as a chain's).
+    # {"then": [step, ...], "on_failure": [...], "on_finish": [...]}, JSON steps as a chain's.
     callbacks = models.TextField(blank=True, default="")
     created_at = models.DateTimeField()
     # Set when ``pending`` reaches 0; cleared when a retry brings members back.
     finished_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
 
-    objects = QueueDatabaseManager()
+    objects = QueueDatabaseManager.from_queryset(JobBatchQuerySet)()
 
     class Meta:
         db_table = "dbqueue_batch"
@@ -350,9 +328,8 @@ class JobBatch(models.Model):
         permissions = [("cancel_batch", "Can cancel batches")]
         constraints = [
             models.CheckConstraint(
-                condition=Q(pending__lte=F("total")) & Q(failed__lte=F("total")),
-                name="dbqueue_batch_counts",
-            ),
+                condition=Q(pending__lte=F("total")) & Q(failed__lte=F("total")), name="dbqueue_batch_counts"
+            )
         ]
 
     def __str__(self) -> str:
@@ -373,22 +350,19 @@ class JobBatch(models.Model):
         return round(100.0 * self.done / self.total, 2) if self.total else 100.0
 
     @property
-    def state(self) -> str:
-        """``running``, ``finished``, ``failed`` (finished with failures), ``cancelling`` or ``cancelled``."""
+    def state(self) -> BatchState:
         if self.cancelled_at is not None:
-            return "cancelled" if self.finished_at is not None else "cancelling"
+            return BatchState.CANCELLED if self.finished_at is not None else BatchState.CANCELLING
         if self.finished_at is None:
-            return "running"
-        return "failed" if self.failed else "finished"
+            return BatchState.RUNNING
+        return BatchState.FAILED if self.failed else BatchState.FINISHED
 
 
-class JobHistory(models.Model):
-    """Counts of job runs per minute, queue and job name (history.py).
+class JobHistory(QueueTable):
+    """Counts of job runs per minute, queue and job name, added by each heartbeat (history.py).
 
-    Workers add their counts with the heartbeat (one upsert per beat for all the
-    names they ran), never one write per job. ``run_time`` is the total seconds
-    of the runs that ended; ``h0``..``h12`` count them by run time, in the
-    buckets of ``history.BOUNDS`` (the last one: longer than all).
+    ``run_time`` totals the seconds of the runs that ended; ``h0``..``h12`` count them
+    by run time in the buckets of ``history.BOUNDS`` (the last: longer than all).
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -398,24 +372,8 @@ class JobHistory(models.Model):
     started = models.PositiveBigIntegerField(default=0)
     succeeded = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
-    # Runs that raised and were released to run again.
     retried = models.PositiveBigIntegerField(default=0)
     run_time = models.FloatField(default=0)
-    h0 = models.PositiveBigIntegerField(default=0)
-    h1 = models.PositiveBigIntegerField(default=0)
-    h2 = models.PositiveBigIntegerField(default=0)
-    h3 = models.PositiveBigIntegerField(default=0)
-    h4 = models.PositiveBigIntegerField(default=0)
-    h5 = models.PositiveBigIntegerField(default=0)
-    h6 = models.PositiveBigIntegerField(default=0)
-    h7 = models.PositiveBigIntegerField(default=0)
-    h8 = models.PositiveBigIntegerField(default=0)
-    h9 = models.PositiveBigIntegerField(default=0)
-    h10 = models.PositiveBigIntegerField(default=0)
-    h11 = models.PositiveBigIntegerField(default=0)
-    h12 = models.PositiveBigIntegerField(default=0)
-
-    objects = QueueDatabaseManager()
 
     class Meta:
         db_table = "dbqueue_history"
@@ -425,3 +383,8 @@ class JobHistory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bucket:%Y-%m-%d %H:%M} {self.queue} {self.name}"
+
+
+# h0..h12: the runs by run time, in the buckets of ``history.BOUNDS`` (added as the migrations made them).
+for _bin in range(13):
+    JobHistory.add_to_class(f"h{_bin}", models.PositiveBigIntegerField(default=0))
