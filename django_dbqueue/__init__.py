@@ -11,7 +11,8 @@ from .exceptions import (
     Snooze,
     UnknownQueue,
 )
-from .registry import JobCall, JobDefinition, JobStatus, job
+from .registry import JobCall, JobDefinition, job
+from .states import JobStatus
 
 if TYPE_CHECKING:  # loaded on first use, as the names of _LAZY (they import the models)
     from .context import JobContext

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError
@@ -29,10 +29,11 @@ from .models import Job
 from .progress import Tracker
 from .registry import Backoff, JobDefinition
 from .rows import chain_of
+from .states import RunStatus
 
 logger = logging.getLogger("django_dbqueue")
 
-Status = Literal["succeeded", "released", "failed"]
+Status = RunStatus  # states.RunStatus: how one run ended
 
 
 @dataclasses.dataclass(frozen=True)

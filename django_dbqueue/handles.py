@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from . import conf, lifecycle, payload, registry
 from .db import DbNow
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
-from .registry import JobStatus
+from .states import JobStatus
 
 if TYPE_CHECKING:
     from .insert import Row

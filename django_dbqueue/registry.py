@@ -8,7 +8,6 @@ import job`` works before the app registry is ready. ``Handle`` types what an en
 from __future__ import annotations
 
 import dataclasses
-import enum
 import typing
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -20,6 +19,7 @@ from django.utils import timezone
 
 from . import concurrency, conf, rates, unique, validation
 from .exceptions import JobNotRegistered
+from .states import JobStatus
 
 if TYPE_CHECKING:
     from .models import Job
@@ -159,21 +159,6 @@ class JobCall:
     async def aenqueue(self) -> Handle:
         handle: Handle = await sync_to_async(self.enqueue)()
         return handle
-
-
-class JobStatus(enum.StrEnum):
-    """Where a job is now, as a handle reads it; ``status.finished`` is true for the last three."""
-
-    WAITING = "waiting"
-    DELAYED = "delayed"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class Handle(typing.Protocol):

@@ -13,8 +13,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_dbqueue import batch, claims, get_batch
-from django_dbqueue.management.commands.queue_batches import STATES
-from django_dbqueue.models import FailedJob, Job, JobBatch
+from django_dbqueue.models import BatchState, FailedJob, Job, JobBatch
 from tests.conftest import run_worker
 from tests.testapp import jobs
 
@@ -169,10 +168,12 @@ def test_batches_filters_by_state_and_by_name():
 @db
 def test_each_state_filter_selects_exactly_the_batches_in_that_state():
     one_of_each_state()
-    assert set(STATES) == {"running", "finished", "failed", "cancelling", "cancelled"}
-    for state, condition in STATES.items():
+    assert set(BatchState.values) == {"running", "finished", "failed", "cancelling", "cancelled"}
+    for state in BatchState:
         expected = {row.pk for row in JobBatch.objects.all() if row.state == state}
-        assert set(JobBatch.objects.filter(condition).values_list("pk", flat=True)) == expected, state
+        assert set(JobBatch.objects.in_state(state).values_list("pk", flat=True)) == expected, state
+        listed_ids = {row[0] for row in listed(run("queue_batches", "--state", state.value))}
+        assert listed_ids == {str(pk) for pk in expected}, state
 
 
 @db

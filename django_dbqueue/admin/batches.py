@@ -6,6 +6,7 @@ deleted (as ``batches.prune`` does): an unfinished one's members would end witho
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from .. import batches, operations
-from ..models import FailedJob, Job, JobBatch
+from ..models import BatchState, FailedJob, Job, JobBatch
 from .base import GoneError, ReadOnlyAdmin, StateFilter, permission
 
 # Failed members listed on a batch's page; the failed job list (filtered by batch) shows them all.
@@ -43,19 +44,15 @@ UNFINISHED_REFUSAL = (
 Check = Callable[[HttpRequest], bool]
 Press = Callable[[HttpRequest, int], None]
 RUNNING = Q(cancelled_at__isnull=True, finished_at__isnull=True)
-FINISHED = Q(cancelled_at__isnull=True, finished_at__isnull=False)
-CANCELLED = Q(cancelled_at__isnull=False)
+
+
+def _in_state(rows: Any, *, state: BatchState) -> QuerySet[JobBatch]:
+    return rows.in_state(state)  # type: ignore[no-any-return]
 
 
 class BatchStateFilter(StateFilter):
-    # Each value of ``JobBatch.state``, in SQL.
-    states = {
-        "running": ("running", lambda rows: rows.filter(RUNNING)),
-        "finished": ("finished", lambda rows: rows.filter(FINISHED, failed=0)),
-        "failed": ("failed (finished, some members failed)", lambda rows: rows.filter(FINISHED, failed__gt=0)),
-        "cancelling": ("cancelling (members still running)", lambda rows: rows.filter(CANCELLED, finished_at=None)),
-        "cancelled": ("cancelled", lambda rows: rows.filter(CANCELLED, finished_at__isnull=False)),
-    }
+    # Each value of ``JobBatch.state``, in SQL (``JobBatch.objects.in_state``).
+    states = {state.value: (state.label, functools.partial(_in_state, state=state)) for state in BatchState}
 
 
 def retry_members(batch_id: int) -> int | None:

@@ -25,12 +25,13 @@ from ..exceptions import PayloadError
 from ..models import FlowLimit, Job, JobBatch
 from ..rows import new_job
 from ..signals import batch_finished
+from ..states import Ended
 
 logger = logging.getLogger("django_dbqueue")
 
-# How rows ended, as the reactions are told.
+# How rows ended, as the reactions are told (``states.Ended``).
 SUCCEEDED, FAILED, RELEASED, CANCELLED, RETRIED_BACK, LEFT = (
-    "succeeded", "failed", "released", "cancelled", "retried", "left",
+    Ended.SUCCEEDED, Ended.FAILED, Ended.RELEASED, Ended.CANCELLED, Ended.RETRIED, Ended.LEFT,
 )  # fmt: skip
 
 

@@ -1,7 +1,7 @@
-"""The queue's tables and their named querysets (``jobs``: the job and failed-job tables and
-the vocabularies of a job's state, ``State`` and ``JobStatus``; ``tables``: the others, with
-``BatchState``)."""
+"""The queue's tables and their named querysets (``jobs``: the job and failed-job tables;
+``tables``: the others); the vocabularies of states (``states``) are handed on with them."""
 
+from ..states import STATUSES, BatchState, JobStatus, State
 from .jobs import (
     ANALYZE_AFTER,
     CANCEL,
@@ -12,21 +12,17 @@ from .jobs import (
     JOB_RECORDS,
     NO_CANCEL,
     RETRIED,
-    STATUSES,
     UNIQUE_INDEX,
     FailedJob,
     FailedJobQuerySet,
     Job,
     JobQuerySet,
-    JobStatus,
-    State,
     check_rows,
     record_id,
     sql_names,
 )
 from .tables import (
     BATCH_STATES,
-    BatchState,
     FlowLimit,
     JobBatch,
     JobBatchQuerySet,

@@ -6,7 +6,6 @@ claim is ``claims``; every INSERT of job rows is ``insert``.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -17,6 +16,7 @@ from django.db import models
 from django.db.models import F, Func, Q
 
 from ..db import DbNow, alias
+from ..states import State
 from ..validation import MAX_PRIORITY, MIN_PRIORITY, ROW_BOUNDS, row_error
 
 logger = logging.getLogger("django_dbqueue")
@@ -30,45 +30,6 @@ UNIQUE_INDEX = "dbqueue_job_unique"  # on Job.unique_key (migration 0008)
 NO_CANCEL, CANCEL, CANCEL_HARD = 0, 1, 2
 CANCELLED_CLASS = "django_dbqueue.exceptions.JobCancelled"
 INVALID_ROW_CLASS = "django_dbqueue.exceptions.InvalidJobRow"
-
-
-class JobStatus(enum.StrEnum):
-    """Where a job is as its caller follows it (``JobHandle``); ``finished`` for the last three."""
-
-    WAITING = "waiting"
-    DELAYED = "delayed"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
-class State(models.TextChoices):
-    """Where a job row is. A job that ended has no row: it succeeded (deleted) or is a ``FailedJob``."""
-
-    WAITING = "waiting", "waiting"
-    DELAYED = "delayed", "delayed"
-    BLOCKED = "blocked", "blocked"  # waiting for a free slot of its concurrency key
-    RESERVED = "reserved", "reserved"
-    EXPIRED = "expired", "reservation expired"  # reserved past its retry_after: to be reclaimed
-
-    @property
-    def status(self) -> JobStatus:
-        """The row's state as its caller follows it: blocked is waiting, reserved or expired running."""
-        return STATUSES[self]
-
-
-STATUSES = {
-    State.WAITING: JobStatus.WAITING,
-    State.DELAYED: JobStatus.DELAYED,
-    State.BLOCKED: JobStatus.WAITING,
-    State.RESERVED: JobStatus.RUNNING,
-    State.EXPIRED: JobStatus.RUNNING,
-}
 
 
 class LeaseOver(Func):

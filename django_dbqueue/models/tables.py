@@ -11,6 +11,7 @@ from django.db import connections, models, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Substr
 
+from ..states import BatchState
 from .jobs import DB_NOW, Job, QueueDatabaseManager
 
 
@@ -265,16 +266,6 @@ class PausedQueue(QueueTable):
 
     def __str__(self) -> str:
         return self.queue
-
-
-class BatchState(models.TextChoices):
-    """Where a batch is (``JobBatch.state``); ``failed``: finished with failures."""
-
-    RUNNING = "running", "running"
-    FINISHED = "finished", "finished"
-    FAILED = "failed", "failed (finished, some members failed)"
-    CANCELLING = "cancelling", "cancelling (members still running)"
-    CANCELLED = "cancelled", "cancelled"
 
 
 # Each BatchState in SQL, as ``JobBatch.state`` reads it on a row.

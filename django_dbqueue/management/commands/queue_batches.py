@@ -1,21 +1,10 @@
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
-
 from django_dbqueue.db import DbNow
 from django_dbqueue.management.base import QueueCommand
 from django_dbqueue.management.output import age
-from django_dbqueue.models import JobBatch
-
-# ``JobBatch.state`` as filters; tests check that each selects exactly the rows of its state.
-STATES: dict[str, Q] = {
-    "running": Q(cancelled_at__isnull=True, finished_at__isnull=True),
-    "finished": Q(cancelled_at__isnull=True, finished_at__isnull=False, failed=0),
-    "failed": Q(cancelled_at__isnull=True, finished_at__isnull=False, failed__gt=0),
-    "cancelling": Q(cancelled_at__isnull=False, finished_at__isnull=True),
-    "cancelled": Q(cancelled_at__isnull=False, finished_at__isnull=False),
-}
+from django_dbqueue.models import BatchState, JobBatch
 
 
 def _ago(moment: datetime | None, clock: datetime) -> str:
@@ -39,7 +28,7 @@ class Command(QueueCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
             "--state",
-            choices=list(STATES),
+            choices=list(BatchState.values),
             nargs="+",
             action="extend",
             help="Only the batches in these states (default: every state).",
@@ -50,10 +39,7 @@ class Command(QueueCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         selected = JobBatch.objects.order_by("-created_at", "-id")
         if opts["state"]:
-            condition = Q()
-            for state in dict.fromkeys(opts["state"]):
-                condition |= STATES[state]
-            selected = selected.filter(condition)
+            selected = selected.in_state(*opts["state"])
         if opts["name"] is not None:
             selected = selected.filter(name=opts["name"])
         headers = ["id", "name", "state", "done", "%", "failed", "cancelled", "created", "finished"]
