@@ -169,10 +169,17 @@ def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> 
         cursor.execute("SELECT statement_timestamp()")
         (now,) = cursor.fetchone()
         created = now.isoformat()
-        times = [(now + timedelta(seconds=new.delay)).isoformat() if new.delay > 0 else created for new in new_jobs]
-        lines = [
-            "\t".join(map(_copy_value, row_values(new, at, created))) for new, at in zip(new_jobs, times, strict=True)
-        ]
+        # The line of row_values: its own values, then its batch and flow (most rows share them),
+        # the times, and the columns every new row starts with (the same for all).
+        own, tail, shared = len(OWN), "\t".join(map(_copy_value, START.values())), {}
+        lines = []
+        for new in new_jobs:
+            middle = shared.get((new.batch_id, new.flow))
+            if middle is None:
+                values = (new.batch_id, *(new.flow or NO_FLOW))
+                middle = shared[new.batch_id, new.flow] = "\t".join(map(_copy_value, values))
+            at = (now + timedelta(seconds=new.delay)).isoformat() if new.delay > 0 else created
+            lines.append("\t".join((*map(_copy_value, new[:own]), middle, at, created, tail)))
         with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {_table(connection)} FROM STDIN") as copy:
             copy.write("\n".join(lines) + "\n")
     return len(new_jobs)
