@@ -83,7 +83,7 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     """Store many calls, ``batch_size`` rows per statement, in one transaction; return their handles.
 
     Any iterable is read a batch at a time, each checked and sent before the next is read (a list
-    is checked whole first); ``handles=False`` returns the count (COPY on PostgreSQL). A call that
+    is checked whole first); ``handles=False`` returns the count. A call that
     cannot be stored raises with ``exc.position`` and "call N of enqueue_many" (docs/enqueue.md).
     """
     if batch_size < 1:
@@ -92,13 +92,13 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     connection = connections[using]
     kept: list[Handle] = []
     stored = 0
-    # Rows not read back (COPY on PostgreSQL): not for handles, nor for job_enqueued's receivers.
-    copying = not handles and not signals.job_enqueued.has_listeners(JobDefinition)
+    # Rows counted, not read back: not for handles, nor for job_enqueued's receivers.
+    counting = not handles and not signals.job_enqueued.has_listeners(JobDefinition)
     ready = None
     if isinstance(calls, Sequence):
         # Checked whole before anything is sent, and stored as one enqueue (run again after a deadlock).
         ready = prepare_all(calls, 0)
-        if not copying or any(window or new.unique_key for new, window in ready):
+        if not counting or any(window or new.unique_key for new, window in ready):
             outcomes = store_all(ready, batch_size=batch_size)
             return handles_of(outcomes) if handles else _announce(outcomes)
     chunks: Iterator[Sequence[Any]] = itertools.batched(calls if ready is None else ready, batch_size)
@@ -135,7 +135,7 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
             prepared = prepare_all(chunk, calls_read) if ready is None else chunk
             calls_read += len(chunk)
             plain = not any(window or new.unique_key for new, window in prepared)
-            if copying and plain:
+            if counting and plain and connection.vendor != "postgresql":
                 stored += insert_rows(connection, [new for new, _ in prepared])
             elif stream is not None and stream.usable and plain:
                 # Read back once the next is sent: the server inserts this batch while the next is prepared.

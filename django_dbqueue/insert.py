@@ -1,9 +1,10 @@
 """Every INSERT of job rows (``rows.NewJob``; times from the database's clock, columns from ``Job._meta``).
 
-PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column, one job through
-``dbqueue_enqueue`` (migration 0011), ``COPY`` for rows not read back; elsewhere one multi-row
-``INSERT ... VALUES`` (docs/performance.md). A job whose unique key a row holds comes back ``Held``:
-the unique index decides (``ON CONFLICT DO NOTHING`` on PostgreSQL, elsewhere a savepoint).
+PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column (in pipeline mode for
+a stream of batches), one job through ``dbqueue_enqueue`` (migration 0011); elsewhere one multi-row
+``INSERT ... VALUES``, ``executemany`` for rows not read back (docs/performance.md). A job whose
+unique key a row holds comes back ``Held``: the unique index decides (``ON CONFLICT DO NOTHING``
+on PostgreSQL, elsewhere a savepoint).
 """
 
 from __future__ import annotations
@@ -153,48 +154,18 @@ class Stream:
 
 
 def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
-    """Insert ``new_jobs`` (none with a unique key) and return how many: one ``COPY`` on PostgreSQL, else
-    ``executemany`` (which SQLite prepares once and mysqlclient sends as one multi-row INSERT)."""
-    if connection.vendor != "postgresql":
-        with connection.cursor() as cursor:
-            now, created = _clock(cursor, connection)
-            adapt = connection.ops.adapt_datetimefield_value
-            rows = [
-                row_values(new, adapt(now + timedelta(seconds=new.delay)) if new.delay > 0 else created, created)
-                for new in new_jobs
-            ]
-            cursor.executemany(f"INSERT INTO {_table(connection)} VALUES {_ROW_MARKS}", rows)
-        return len(new_jobs)
+    """Insert ``new_jobs`` (none with a unique key) on SQLite or MariaDB/MySQL and return how many:
+    ``executemany``, which SQLite prepares once and mysqlclient sends as one multi-row INSERT.
+    (PostgreSQL sends such rows through ``Stream``: COPY lost to it, docs/performance.md.)"""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        (now,) = cursor.fetchone()
-        created = now.isoformat()
-        # The line of row_values: its own values, then its batch and flow (most rows share them),
-        # the times, and the columns every new row starts with (the same for all).
-        own, tail, shared = len(OWN), "\t".join(map(_copy_value, START.values())), {}
-        lines = []
-        for new in new_jobs:
-            middle = shared.get((new.batch_id, new.flow))
-            if middle is None:
-                values = (new.batch_id, *(new.flow or NO_FLOW))
-                middle = shared[new.batch_id, new.flow] = "\t".join(map(_copy_value, values))
-            at = (now + timedelta(seconds=new.delay)).isoformat() if new.delay > 0 else created
-            lines.append("\t".join((*map(_copy_value, new[:own]), middle, at, created, tail)))
-        with connection.wrap_database_errors, cursor.cursor.copy(f"COPY {_table(connection)} FROM STDIN") as copy:
-            copy.write("\n".join(lines) + "\n")
+        now, created = _clock(cursor, connection)
+        adapt = connection.ops.adapt_datetimefield_value
+        rows = [
+            row_values(new, adapt(now + timedelta(seconds=new.delay)) if new.delay > 0 else created, created)
+            for new in new_jobs
+        ]
+        cursor.executemany(f"INSERT INTO {_table(connection)} VALUES {_ROW_MARKS}", rows)
     return len(new_jobs)
-
-
-def _copy_value(value: Any) -> str:
-    """COPY's text format: ``\\N`` for NULL, backslashes, tabs and line ends escaped."""
-    if value is None:
-        return "\\N"
-    if value is True or value is False:
-        return "t" if value else "f"
-    text = str(value)
-    if "\\" in text or "\n" in text or "\r" in text or "\t" in text:
-        return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    return text
 
 
 @cached_sql
