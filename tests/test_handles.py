@@ -58,9 +58,10 @@ def test_enqueue_returns_a_handle_with_the_row_and_its_status():
 
 @pytest.mark.acceptance
 def test_a_jobs_status_through_every_state_read_from_other_processes(worker_process):
-    handle = jobs.sleep_then_record.using(delay=1).enqueue("states", 2)
+    # Long enough a delay for another process to start and read it on a loaded machine (1 s was not).
+    handle = jobs.sleep_then_record.using(delay=6).enqueue("states", 2)
     assert status_elsewhere(handle.id) == "delayed"
-    wait_until(lambda: get_job(handle.id).status == JobStatus.WAITING, 10, "the delay never ended")
+    wait_until(lambda: get_job(handle.id).status == JobStatus.WAITING, 15, "the delay never ended")
     assert status_elsewhere(handle.id) == "waiting"
     worker = worker_process("--sleep", "0.05")
     wait_until(lambda: get_job(handle.id).status == JobStatus.RUNNING, 20, worker.output())
