@@ -11,7 +11,7 @@ from .exceptions import (
     Snooze,
     UnknownQueue,
 )
-from .registry import JobCall, JobDefinition, job
+from .registry import Exponential, JobCall, JobDefinition, job
 from .states import JobStatus
 
 if TYPE_CHECKING:  # loaded on first use, as the names of _LAZY (they import the models)
@@ -43,6 +43,7 @@ __all__ = [
     "BatchClosed",
     "BatchHandle",
     "Chain",
+    "Exponential",
     "JobCall",
     "JobCancelled",
     "JobContext",

@@ -22,6 +22,10 @@ class DbQueueConfig(AppConfig):
             # Registers the job that runs django.tasks tasks, and its signal receiver.
             from . import tasks  # noqa: F401
 
+        if conf.get("IMMEDIATE"):
+            # The test settings' immediate mode: its runner registers itself with enqueue.
+            from . import testing  # noqa: F401
+
         if conf.get("AUTODISCOVER"):
             # Like admin.py: every installed app's jobs.py, so a worker knows every job.
             autodiscover_modules("jobs")

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.urls import NoReverseMatch, reverse
 
-from . import conf, middleware, rates, registry, schedules, validation
+from . import conf, middleware, pauses, rates, registry, schedules, schema, validation
 from .db import CLAIM_VENDORS
 from .metrics import prometheus_installed
 from .pool import connections_per_process
@@ -21,6 +21,9 @@ from .validation import MAX_SECONDS, MAX_TRIES
 
 # Characters a METRICS_TOKEN needs at least: a short one can be guessed.
 MIN_TOKEN_LENGTH = 16
+# Seconds SQLite's busy timeout should give a writer (Python's default is 5): a worker's
+# claim waits this long for another process's write instead of failing at once.
+SQLITE_BUSY_TIMEOUT = 20
 
 # What each check id means, for the reference page (docs/_ext/dbqueue_reference.py reads it and
 # warns about an id reported somewhere in the package but missing here, or listed here but
@@ -48,6 +51,13 @@ CHECK_IDS: dict[str, str] = {
     "dbqueue.W006": "``queue_work --queue`` serves a queue that is not in ``QUEUES`` (the worker still runs).",
     "dbqueue.W007": "A ``queue_work`` may open half the ``max_connections`` or more: processes x (threads + 5).",
     "dbqueue.W008": "``metrics_urls`` is mounted without ``prometheus_client``: the metrics view answers 501.",
+    "dbqueue.W009": "The queue's database lacks the app's tables or its latest migration: run "
+    "``manage.py migrate django_dbqueue`` (a warning, so that ``migrate`` itself still runs; ``queue_work`` "
+    "refuses to start and ``queue_health`` is unhealthy).",
+    "dbqueue.W010": "``queue_work --queue`` serves a queue that no registered job, schedule, row or worker uses "
+    "(without ``QUEUES``; the worker still runs).",
+    "dbqueue.W011": "The queue's database is SQLite without the settings a worker needs: WAL journal mode, "
+    "a busy timeout, ``transaction_mode`` ``IMMEDIATE``.",
 }
 
 
@@ -97,7 +107,10 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "RETRY_AFTER": (f"an int from 1 to {MAX_SECONDS} (seconds)", lambda v: _whole(v, 1, MAX_SECONDS)),
     "TIMEOUT": (f"an int from 1 to {MAX_SECONDS} (seconds) or None", lambda v: v is None or _whole(v, 1, MAX_SECONDS)),
     "TIMEOUT_GRACE": ("a number > 0 (seconds)", lambda v: _number(v, minimum=0.001)),
-    "BACKOFF": (f"seconds from 0 to {MAX_SECONDS}, or a list of them", registry.valid_backoff),
+    "BACKOFF": (
+        f"seconds from 0 to {MAX_SECONDS}, a list of them, 'exponential' or an Exponential",
+        registry.valid_backoff,
+    ),
     "SLEEP": ("a number >= 0 (seconds)", lambda v: _number(v, minimum=0)),
     "AUTODISCOVER": ("a bool", lambda v: isinstance(v, bool)),
     "PROGRESS_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
@@ -127,6 +140,7 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
         "(such as secrets.token_urlsafe()), or None",
         lambda v: v is None or (isinstance(v, str) and len(v) >= MIN_TOKEN_LENGTH and v == v.strip()),
     ),
+    "IMMEDIATE": ("a bool", lambda v: isinstance(v, bool)),
 }
 assert set(VALIDATORS) == set(conf.DEFAULTS)
 
@@ -270,6 +284,76 @@ def check_database(
     return []
 
 
+@register(Tags.database)
+def check_migrations(
+    app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """The queue's database needs the app's tables and latest migration; a warning, not an
+    error, since ``migrate`` runs these checks before it migrates."""
+    alias = conf.get("DATABASE")
+    if not databases or alias not in databases or alias not in connections:
+        return []
+    found = schema.problem(alias)
+    if found is None:
+        return []
+    return [
+        Warning(
+            found,
+            hint="Until then no worker can claim a job: queue_work refuses to start and queue_health is "
+            "unhealthy. (Shown by migrate too, before it migrates.)",
+            id="dbqueue.W009",
+        )
+    ]
+
+
+@register(Tags.database)
+def check_sqlite(
+    app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """On SQLite a worker and the web process write to one file: without WAL a writer blocks
+    the readers, without a busy timeout a write fails at once, and a deferred transaction that
+    reads then writes fails with "database is locked" whatever the timeout."""
+    alias = conf.get("DATABASE")
+    if not databases or alias not in databases or alias not in connections:
+        return []
+    connection = connections[alias]
+    if connection.vendor != "sqlite":
+        return []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA journal_mode")
+            row = cursor.fetchone()
+    except DatabaseError:
+        return []
+    journal = str(row[0]).lower() if row else ""
+    if journal == "memory":
+        return []  # an in-memory database: no other process can reach it
+    options = connection.settings_dict.get("OPTIONS") or {}
+    missing: dict[str, Any] = {}
+    why = []
+    if journal != "wal":
+        # WAL stays set in the file once set; init_command sets it on every connection.
+        before = str(options.get("init_command") or "").strip().rstrip(";")
+        missing["init_command"] = f"{before}; PRAGMA journal_mode=WAL;" if before else "PRAGMA journal_mode=WAL;"
+        why.append(f"journal mode {journal!r}, not WAL (a writer blocks every reader)")
+    timeout = options.get("timeout", 5)
+    if not isinstance(timeout, (int, float)) or timeout < SQLITE_BUSY_TIMEOUT:
+        missing["timeout"] = SQLITE_BUSY_TIMEOUT
+        why.append(f"a busy timeout of {timeout!r} s (a write waits that long for another's)")
+    if django.VERSION >= (5, 1) and str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+        missing["transaction_mode"] = "IMMEDIATE"
+        why.append("deferred transactions (one that reads then writes fails with 'database is locked')")
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"The queue's database {alias!r} is SQLite with {'; '.join(why)}.",
+            hint=f"Add to DATABASES[{alias!r}]['OPTIONS']: {missing!r}.",
+            id="dbqueue.W011",
+        )
+    ]
+
+
 @register()
 def check_tasks_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """The django.tasks backend needs django.tasks, which Django 6.0 added."""
@@ -300,6 +384,32 @@ def check_worker_queues(queues: Sequence[str]) -> list[CheckMessage]:
             id="dbqueue.W006",
         )
     ]
+
+
+def check_worker_queues_used(queues: Sequence[str]) -> list[CheckMessage]:
+    """Without ``QUEUES``, warn about a served queue nothing uses (as ``queue_pause`` refuses it):
+    a typo serves nothing. Run by ``queue_work`` itself; reads the database."""
+    if conf.get("QUEUES") is not None:
+        return []  # check_worker_queues
+    try:
+        unused = [queue for queue in queues if not pauses.is_known(queue)]
+        known = sorted(pauses.known_queues()) if unused else []
+    except DatabaseError:
+        return []
+    messages: list[CheckMessage] = []
+    for queue in unused:
+        close = difflib.get_close_matches(queue, known, n=1)
+        messages.append(
+            Warning(
+                f"This worker serves the queue {queue!r}, which no registered job, schedule, job row or "
+                "other worker uses: it has nothing to run there.",
+                hint=(f"Did you mean {close[0]!r}? " if close else "")
+                + f"Known queues: {', '.join(map(repr, known))}. The worker runs anyway: a job may be "
+                "enqueued there later.",
+                id="dbqueue.W010",
+            )
+        )
+    return messages
 
 
 def check_worker(concurrency: int | None, timeout: int | None) -> list[CheckMessage]:

@@ -23,7 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "TIMEOUT": 45,
     # Seconds a job stopped at its timeout gets before its process is ended.
     "TIMEOUT_GRACE": 5,
-    # Seconds to wait before a failed job runs again: a number, or one per attempt.
+    # Seconds to wait before a failed job runs again: a number, one per attempt, "exponential"
+    # (1, 2, 4 ... s up to 600, with jitter) or a registry.Exponential.
     "BACKOFF": 0,
     # Seconds an idle worker waits before it polls again.
     "SLEEP": 1.0,
@@ -85,6 +86,9 @@ DEFAULTS: dict[str, Any] = {
     # that sends it as "Authorization: Bearer <token>" or ?token=; None: logged-in
     # users with the django_dbqueue.view_job permission only.
     "METRICS_TOKEN": None,
+    # Tests only: run each job as soon as its enqueue commits, in the enqueuing process, as
+    # ``django_dbqueue.testing.run_jobs`` runs it (docs/howto/testing.md); never in production.
+    "IMMEDIATE": False,
 }
 
 

@@ -73,7 +73,8 @@ class JobContext:
         return f"chain:{self.chain_id}" if self.chain_id else str(self.job_id)
 
     def progress(self, percent: float, stage: str = "") -> None:
-        """Report progress (0-100, clamped) and a stage; never rolled back; raises only ``JobCancelled``."""
+        """Report progress (0-100, clamped) and a stage; never rolled back; raises only ``JobCancelled``,
+        and ``TypeError`` / ``ValueError`` for a percent that is not a number."""
         self.check_cancelled()
         if self.tracker is not None:
             self.tracker.report(percent, stage)

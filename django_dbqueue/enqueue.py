@@ -12,14 +12,15 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, cast, overload
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, OperationalError, connections, transaction
 
-from . import db, signals, tracing
+from . import conf, db, signals, tracing
 from .handles import JobHandle
 from .insert import (
     Held,
@@ -47,12 +48,28 @@ Prepared = tuple[NewJob, Window | None]
 DEADLOCK_ATTEMPTS = 5
 DEADLOCK_PAUSE = 0.05
 
+# Immediate mode (``DBQUEUE["IMMEDIATE"]``, for tests): called by ``store_all`` with the queues of
+# the jobs it stored, it runs them once their enqueue commits. ``django_dbqueue.testing`` sets it
+# (it runs a worker, which this module must not import); fast paths step aside for ``store_all``.
+_run_stored: Callable[[set[str]], None] | None = None
+
+
+def run_stored_with(runner: Callable[[set[str]], None]) -> None:
+    """Make ``runner`` run the jobs ``store_all`` stores while ``DBQUEUE["IMMEDIATE"]`` is on."""
+    global _run_stored
+    _run_stored = runner
+
+
+def immediate() -> bool:
+    """Tell whether immediate mode is on (every enqueue then goes through ``store_all``)."""
+    return bool(conf.get("IMMEDIATE"))
+
 
 def enqueue_call(call: JobCall) -> Handle:
     """``JobCall.enqueue``: store the call (and what follows it) and return its handle."""
     plain = None
     if not call.callbacks and call.failure_callback is None and not (tracing.enabled and tracing.carries()):
-        plain = Plain.cached(call.definition)
+        plain = None if immediate() else Plain.cached(call.definition)
     if plain is None:
         return store(*prepare(call))
     # Nothing for store_all to lock, skip or run again; on PostgreSQL the Job is built only if asked for.
@@ -92,8 +109,8 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     connection = connections[using]
     kept: list[Handle] = []
     stored = 0
-    # Rows counted, not read back: not for handles, nor for job_enqueued's receivers.
-    counting = not handles and not signals.job_enqueued.has_listeners(JobDefinition)
+    # Rows counted, not read back: not for handles, job_enqueued's receivers, or the immediate mode.
+    counting = not handles and not signals.job_enqueued.has_listeners(JobDefinition) and not immediate()
     ready = None
     if isinstance(calls, Sequence):
         # Checked whole before anything is sent, and stored as one enqueue (run again after a deadlock).
@@ -128,7 +145,7 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     in_transaction = own or connection.in_atomic_block
     with (
         transaction.atomic(using=using, savepoint=False) if own else nullcontext(),
-        Stream(connection, using) if in_transaction else nullcontext() as stream,
+        Stream(connection, using) if in_transaction and not immediate() else nullcontext() as stream,
     ):
         calls_read = 0
         for chunk in itertools.chain((first,), () if second is None else (second,), chunks):
@@ -180,6 +197,20 @@ def store_all(
     """Insert the new jobs; those whose key or window is held come back ``Held``. Unique jobs outside
     a transaction are stored in one of their own, run again after a deadlock (inside the caller's,
     the error reaches it: the database ended its whole transaction)."""
+    outcomes = _store_retried(prepared, batch_size, one, analyze)
+    if immediate():
+        if _run_stored is None:
+            raise ImproperlyConfigured(
+                "DBQUEUE['IMMEDIATE'] is on, but nothing runs the jobs: django_dbqueue.testing was not "
+                "imported (import it in the tests' conftest.py or a test module, or use its pytest plugin)"
+            )
+        queues = {new.queue for (new, _), stored in zip(prepared, outcomes, strict=True) if isinstance(stored, Job)}
+        if queues:
+            _run_stored(queues)
+    return outcomes
+
+
+def _store_retried(prepared: Sequence[Prepared], batch_size: int, one: bool, analyze: bool) -> list[Job | Held]:
     connection = connections[db.alias()]
     if connection.in_atomic_block or not any(window or new.unique_key for new, window in prepared):
         return _store_once(prepared, batch_size, one, analyze)

@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import middleware, payload, registry, tracing
+from . import middleware, payload, registry, tracing, validation
 from .context import JobContext
 from .errors import clean
 from .exceptions import PERMANENT_ERRORS, JobCancelled, JobTimeout, PayloadError, Snooze, WorkerStopped
@@ -118,20 +118,16 @@ def hard_stop_later(seconds: float) -> None:
     logger.warning("no file descriptor for faulthandler: a job stuck in C code cannot be ended after its timeout")
 
 
-@functools.lru_cache(maxsize=1024)
-def _signature(func: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(func)
-
-
 def check_signature(definition: JobDefinition[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    try:
-        _signature(definition.func).bind(*args, **kwargs)
-    except TypeError as exc:
+    """Raise ``PayloadError`` if the stored arguments (a context job's without its context) no longer fit."""
+    error = validation.call_error(definition.func, args, kwargs, takes_context=definition.takes_context)
+    if error is not None:
+        # Enqueue checks each call (JobDefinition.bind): this row was stored by older code, or by hand.
         raise PayloadError(
-            f"the stored arguments no longer match {definition.name}(): {exc}. The function's "
+            f"the stored arguments no longer match {definition.name}(): {error}. The function's "
             "signature changed after the job was enqueued; keep the old parameters (with "
             "defaults) until old jobs are drained, or forget this failed job."
-        ) from None
+        )
 
 
 def chain_position(envelope: dict[str, Any]) -> tuple[dict[str, Any] | None, int, int]:
@@ -215,10 +211,10 @@ def prepare_run(
         tracker = Tracker(job.pk, chain)
         prepared = Prepared(job, definition, envelope, args, kwargs, tries, started, tracker, None, worker_id, chain)
         prepared.step, prepared.steps, prepared.cancel_probe = step, steps, cancel_probe
+        check_signature(definition, args, kwargs)
         # Built only when used: a measurable share of a bare run (docs/performance.md).
         if definition.takes_context:
             prepared.args = (prepared.make_context(), *args)
-        check_signature(definition, prepared.args, kwargs)
     except PERMANENT_ERRORS as exc:
         outcome = _failed(exc, started, f"{job.name} (job {job.pk}) cannot run: {exc}", tracker)
     except DatabaseError as exc:
@@ -347,6 +343,14 @@ def outcome_of(prepared: Prepared, exc: BaseException, defaults: Defaults) -> Ou
         )
     if isinstance(exc, PERMANENT_ERRORS):
         return _failed(exc, started, _traceback(exc), tracker)
+    definition = prepared.definition
+    if definition.fail_on or definition.retry_on is not None:
+        refused = definition.not_retried(exc)
+        if refused is not None:
+            job = prepared.job
+            return _failed(
+                exc, started, f"{job.name} (job {job.pk}) is not retried: {refused}.\n\n{_traceback(exc)}", tracker
+            )
     return _after_error(prepared.job, exc, prepared.envelope, prepared.tries, defaults, started, tracker)
 
 
@@ -387,8 +391,8 @@ def _after_error(
             f"{_traceback(exc)}",
             tracker,
         )
-    backoff = envelope.get("backoff")
-    if backoff is None or not registry.valid_backoff(backoff):
+    backoff = registry.stored_backoff(envelope.get("backoff"))
+    if backoff is None:
         backoff = defaults.backoff
     delay = registry.backoff_seconds(backoff, job.attempts)
     return Outcome(

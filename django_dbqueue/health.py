@@ -1,7 +1,8 @@
 """Health checks for probes: ``queue_health`` (exit 0, 1 or 2) and ``health_view`` (JSON, 200 or 503).
 
 The checks, in order: the queue's databases answer ``SELECT 1`` (else the status is *unknown*);
-enough live workers (of a host, or of any); no queue that is not paused holds more than
+the app's tables and latest migration are there (else *unhealthy*: run ``manage.py migrate
+django_dbqueue``); enough live workers (of a host, or of any); no queue that is not paused holds more than
 ``max_depth`` waiting jobs or one waiting longer than ``max_age``. The status is the worst of them.
 A database error is named by its driver's first line on the command line and by its class alone in
 the view: the driver's text names hosts, ports and users, which a token holder has no need to learn.
@@ -19,7 +20,7 @@ from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
-from . import operations, workers
+from . import operations, schema, workers
 from .db import alias
 from .management import options
 from .metrics import HEALTH_PERMISSIONS, no_store, refusal, refused
@@ -136,11 +137,15 @@ def _jobs(count: int, what: str) -> str:
 
 
 def probe(thresholds: Thresholds, *, details: bool = True) -> Report:
-    """Run the checks ``thresholds`` ask for; the database's first, and nothing else if it cannot be read.
+    """Run the checks ``thresholds`` ask for; the database's first, and nothing else if it cannot be
+    read or lacks the app's tables or latest migration.
     Without ``details`` a database error is named by its class, not by the driver's text."""
     database = check_database(details=details)
     if database.status != Status.HEALTHY:
         return Report((database,))
+    missing = schema.problem(alias())
+    if missing is not None:
+        return Report((database, Finding("migrations", Status.UNHEALTHY, missing)))
     findings = [database]
     try:
         if thresholds.workers:

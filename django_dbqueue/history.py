@@ -1,7 +1,8 @@
-"""Throughput history: jobs started, succeeded, failed and retried per minute, queue and name,
-with run times. A worker counts in memory (``Recorder``) and its heartbeat adds the counts to
-the ``JobHistory`` rows with one upsert per beat (a ``kill -9`` loses one beat's worth). Buckets
-are minutes of the worker's clock; ``DBQUEUE["HISTORY"] = False`` turns it off.
+"""Throughput history: jobs started, succeeded, failed and retried per minute, queue and name
+(a django.tasks task's own path: ``shown_name``), with run times. A worker counts in memory
+(``Recorder``) and its heartbeat adds the counts to the ``JobHistory`` rows with one upsert per
+beat (a ``kill -9`` loses one beat's worth). Buckets are minutes of the worker's clock;
+``DBQUEUE["HISTORY"] = False`` turns it off.
 """
 
 from __future__ import annotations
@@ -19,15 +20,21 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import Max, Sum
 
-from . import conf
+from . import conf, payload
 from .db import DbNow, alias
-from .models import JobHistory
+from .exceptions import PayloadError
+from .handles import TASKS_JOB
+from .models import Job, JobHistory
 
 logger = logging.getLogger("django_dbqueue")
 
+# The longest name a history row holds.
+_NAME_LENGTH = JobHistory._meta.get_field("name").max_length or 200
 # Upper bounds (seconds) of the run-time buckets h0..h11; h12 counts longer runs.
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
 BINS = tuple(f"h{i}" for i in range(len(BOUNDS) + 1))
+# A run that ended is one of: succeeded; failed (the job went to the failed jobs, for good);
+# retried (it raised and the job was released to run again: it may succeed later).
 COUNTS = ("started", "succeeded", "failed", "retried")
 # The columns an upsert adds to.
 ADDED = (*COUNTS, "run_time", *BINS)
@@ -71,6 +78,28 @@ def _minute(now: float) -> datetime:
 
 def enabled() -> bool:
     return bool(conf.get("HISTORY"))
+
+
+# The argument of a django.tasks job that names its task (tasks.py puts it there).
+TASK_PATH = "task_path"
+
+
+def shown_name(job: Job) -> str:
+    """The name ``job``'s runs are counted and logged under: a django.tasks task's own path
+    (``shop.tasks.send_receipt``), not the internal job that runs it; else the job's name.
+
+    Read from the envelope, so no query; a row enqueued before tasks carried their path, or
+    a path longer than the history's column, keeps the job's name.
+    """
+    if job.name != TASKS_JOB:
+        return job.name
+    try:
+        path = payload.decode(job.payload)["kwargs"].get(TASK_PATH)
+    except PayloadError:
+        return job.name
+    if isinstance(path, str) and 0 < len(path) <= _NAME_LENGTH:
+        return path
+    return job.name
 
 
 class Recorder:

@@ -1,7 +1,8 @@
 """Prometheus / OpenMetrics figures of the queue, served by ``metrics_view`` (docs/observability.md).
 
 Gauges are read from the tables at each scrape; counters and the run-time histogram are the sums of
-the ``JobHistory`` rows. Each request builds its own ``CollectorRegistry`` over one read, so every
+the ``JobHistory`` rows, labelled with the name their runs were counted under (a django.tasks task's
+own path: ``history.shown_name``). Each request builds its own ``CollectorRegistry`` over one read, so every
 web process serves the same figures. Job names come from rows any code may have written: at most
 ``MAX_NAMES`` get series of their own, the others' runs are summed under ``OTHER_NAME``.
 """

@@ -22,7 +22,7 @@ from .db import alias, caused_by_lost_connection, drop_connection, error_text, i
 from .exceptions import JobCancelled
 from .execution import Defaults, Outcome, outcome_of, timeout_error
 from .heartbeat import Heartbeat
-from .history import Recorder
+from .history import Recorder, shown_name
 from .models import FailedJob, Job, TaskResultRecord
 from .pool import Run
 from .workers import Stats
@@ -335,7 +335,9 @@ class Outcomes:
         status = outcome.status
         self.stats.ended(job, failed=bool(stored) and status == "failed")
         if stored:
-            self.history.ended(job.queue, job.name, status if status != "released" else "retried", outcome.duration)
+            self.history.ended(
+                job.queue, shown_name(job), status if status != "released" else "retried", outcome.duration
+            )
             if outcome.tracker is not None:
                 with progress.keep_writer():
                     outcome.tracker.flush()
@@ -361,7 +363,7 @@ class Outcomes:
         logger.log(
             logging.INFO if status == "succeeded" or outcome.snoozed else logging.WARNING,
             "job=%s id=%s queue=%s attempt=%s outcome=%s duration=%.3fs%s%s%s",
-            job.name,
+            shown_name(job),
             job.pk,
             job.queue,
             job.attempts,

@@ -8,6 +8,8 @@ import job`` works before the app registry is ready. ``Handle`` types what an en
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 import typing
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from . import concurrency, conf, rates, unique, validation
-from .exceptions import JobNotRegistered
+from .exceptions import JobCancelled, JobNotRegistered, Snooze, WorkerStopped
 from .states import JobStatus
 
 if TYPE_CHECKING:
@@ -27,7 +29,74 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-Backoff = int | float | Sequence[int | float]
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _seconds(value: Any) -> bool:
+    """A number of seconds the columns and the database's date arithmetic can hold."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 <= value <= validation.MAX_SECONDS  # False for NaN, too
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Exponential:
+    """A backoff that grows by ``factor`` after each failed attempt, from ``base`` seconds up to
+    ``max``; each delay is drawn at random from its last ``jitter`` share (1: from 0 to the delay,
+    Celery's full jitter; 0: exactly the delay), so jobs that failed together do not retry together."""
+
+    base: float = 1
+    factor: float = 2
+    max: float = 600
+    jitter: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.jitter, bool):
+            object.__setattr__(self, "jitter", float(self.jitter))
+        error = self._error()
+        if error is not None:
+            raise ValueError(f"Exponential backoff: {error}")
+
+    def _error(self) -> str | None:
+        for option in ("base", "max"):
+            value = getattr(self, option)
+            if not _seconds(value) or value == 0:
+                return f"{option} must be seconds above 0 and at most {validation.MAX_SECONDS}, not {value!r}"
+        if self.max < self.base:
+            return f"max ({self.max!r}) must be at least base ({self.base!r})"
+        if not (_number(self.factor) and 1 <= self.factor <= 100):
+            return f"factor must be a number from 1 to 100, not {self.factor!r}"
+        if not (_number(self.jitter) and 0 <= self.jitter <= 1):
+            return f"jitter must be True, False or a share from 0 to 1, not {self.jitter!r}"
+        return None
+
+    def seconds(self, attempt: int, rand: Callable[[], float] | None = None) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based); ``rand`` draws the jitter (from 0 to 1)."""
+        exponent = max(attempt - 1, 0)
+        # factor ** exponent overflows a float long before the attempts column does.
+        if exponent * math.log(self.factor) >= math.log(self.max / self.base):
+            delay = float(self.max)
+        else:
+            delay = self.base * self.factor**exponent
+        if not self.jitter:
+            return delay
+        return delay - delay * self.jitter * (rand or random.random)()
+
+    def to_json(self) -> dict[str, float]:
+        """The fields, as an envelope stores them (``stored_backoff`` reads them back)."""
+        return {"base": self.base, "factor": self.factor, "max": self.max, "jitter": self.jitter}
+
+
+EXPONENTIAL = Exponential()
+
+# Seconds, one per attempt (the last repeats), or a growing delay ("exponential": Exponential()).
+Backoff = int | float | Sequence[int | float] | Exponential | Literal["exponential"]
+# Exception classes: one, or a tuple of them.
+Exceptions = type[BaseException] | tuple[type[BaseException], ...]
 # When a job stops being retried: an aware datetime, a time from enqueue, or a callable returning one.
 RetryUntil = datetime | timedelta | Callable[[], datetime | timedelta]
 
@@ -42,6 +111,9 @@ class JobOptions(TypedDict, total=False):
     retry_after: int | None
     timeout: int | None
     backoff: Backoff | None
+    # Folded into an exponential backoff (``backoff="exponential"`` or an ``Exponential``).
+    backoff_max: float | None
+    backoff_jitter: bool | float | None
     priority: int
     delay: float | timedelta
     retry_until: RetryUntil | None
@@ -56,6 +128,14 @@ class JobOptions(TypedDict, total=False):
     rate_limit: str | None
     rate_key: str | Callable[..., Any] | None
     rate_burst: int | None
+
+
+class DefinitionOptions(JobOptions, total=False):
+    """The options of ``@job``: ``JobOptions`` and those that live in the definition only (not in
+    the job's row, so ``using`` cannot change them for one enqueue)."""
+
+    retry_on: Exceptions | None
+    fail_on: Exceptions | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +169,28 @@ class JobDefinition(Generic[P, R]):
     rate_limit: str | None = None
     rate_key: str | Callable[..., Any] | None = None
     rate_burst: int | None = None
+    # Retry only the exceptions that are instances of these (None: every exception); those of
+    # ``fail_on`` fail at once. Read by the worker from the registered definition (docs/howto/retries.md).
+    retry_on: tuple[type[BaseException], ...] | None = None
+    fail_on: tuple[type[BaseException], ...] = ()
+    # Folded into ``backoff`` (an ``Exponential``), not kept.
+    backoff_max: dataclasses.InitVar[float | None] = None
+    backoff_jitter: dataclasses.InitVar[bool | float | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, backoff_max: float | None, backoff_jitter: bool | float | None) -> None:
         # A tuple, so the definition stays hashable and the list passed in can change freely.
         object.__setattr__(self, "middleware", tuple(self.middleware))
         if isinstance(self.delay, timedelta):
             object.__setattr__(self, "delay", self.delay.total_seconds())
+        for option in ("retry_on", "fail_on"):
+            value = getattr(self, option)
+            if isinstance(value, type):
+                object.__setattr__(self, option, (value,))
+            elif isinstance(value, list):
+                object.__setattr__(self, option, tuple(value))
+        if self.fail_on is None:
+            object.__setattr__(self, "fail_on", ())
+        object.__setattr__(self, "backoff", _exponential(self.name, self.backoff, backoff_max, backoff_jitter))
         _validate_options(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
@@ -103,6 +199,12 @@ class JobDefinition(Generic[P, R]):
 
     def using(self, **changes: Unpack[JobOptions]) -> JobDefinition[P, R]:
         """Return a copy with some options changed (None: unchanged; ``unique=False`` drops every unique option)."""
+        for option in ("retry_on", "fail_on"):
+            if option in changes:
+                raise TypeError(
+                    f"{self.name}.using({option}=...): {option} is not stored with a job, so it cannot change "
+                    "for one enqueue; the worker reads it from the registered definition, @job(...)"
+                )
         values: dict[str, Any] = {key: value for key, value in changes.items() if value is not None}
         if changes.get("unique") is False:
             values.setdefault("unique_key", None)
@@ -110,8 +212,18 @@ class JobDefinition(Generic[P, R]):
         return dataclasses.replace(self, **values)
 
     def bind(self, *args: P.args, **kwargs: P.kwargs) -> JobCall:
-        """Return this job with its arguments, ready for ``enqueue_many`` or a chain."""
+        """Return this job with its arguments, ready for ``enqueue_many`` or a chain; raise TypeError,
+        naming the parameter, if the function cannot take them."""
+        validation.check_call(self.name, self.func, args, kwargs, takes_context=self.takes_context)
         return JobCall(self, args, kwargs)
+
+    def not_retried(self, exc: BaseException) -> str | None:
+        """Why a run that raised ``exc`` is not retried by ``retry_on`` or ``fail_on``, or None."""
+        if self.fail_on and isinstance(exc, self.fail_on):
+            return f"{_class_name(type(exc))} is in its fail_on"
+        if self.retry_on is not None and not isinstance(exc, self.retry_on):
+            return f"{_class_name(type(exc))} is not in its retry_on ({', '.join(map(_class_name, self.retry_on))})"
+        return None
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Handle:
         """Store a call of this job and return its handle; it runs once the surrounding transaction commits."""
@@ -191,15 +303,50 @@ def backoff_seconds(backoff: Backoff, attempt: int) -> float:
     """Seconds to wait after failed attempt ``attempt`` (1-based)."""
     if isinstance(backoff, (int, float)):
         return float(backoff)
+    if isinstance(backoff, Exponential):
+        return backoff.seconds(attempt)
+    if backoff == "exponential":
+        return EXPONENTIAL.seconds(attempt)
     if not backoff:
         return 0.0
     return float(backoff[min(attempt, len(backoff)) - 1])
 
 
-def backoff_json(backoff: Backoff | None) -> Any:
-    if backoff is None or isinstance(backoff, (int, float)):
+def backoff_json(backoff: Any) -> Any:
+    """A backoff as the envelope stores it (an ``Exponential`` as a dict of its fields); stored ones as they are."""
+    if backoff is None or isinstance(backoff, (int, float, str, dict)):
         return backoff
+    if isinstance(backoff, Exponential):
+        return backoff.to_json()
     return list(backoff)
+
+
+def stored_backoff(value: Any) -> Backoff | None:
+    """The backoff an envelope stores, or None if it has none or one this code cannot read."""
+    if isinstance(value, dict):
+        try:
+            return Exponential(**value)
+        except (TypeError, ValueError):
+            return None
+    return value if value is not None and valid_backoff(value) else None
+
+
+def _exponential(name: str, backoff: Any, most: float | None, jitter: bool | float | None) -> Any:
+    """``backoff`` with ``"exponential"`` made an ``Exponential``, and ``backoff_max``/``backoff_jitter`` folded in."""
+    if backoff == "exponential":
+        backoff = EXPONENTIAL
+    if most is None and jitter is None:
+        return backoff
+    if not isinstance(backoff, Exponential):
+        raise ImproperlyConfigured(
+            f"job {name!r}: backoff_max and backoff_jitter shape backoff='exponential' (or an Exponential), "
+            f"not the backoff {backoff!r}; a number or a list of seconds is its own cap"
+        )
+    changes = {"max": most, "jitter": jitter}
+    try:
+        return dataclasses.replace(backoff, **{key: value for key, value in changes.items() if value is not None})
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"job {name!r}: {exc}") from None
 
 
 # The whole-number options: their bounds and how the error names them.
@@ -226,9 +373,13 @@ def _validate_options(definition: JobDefinition[..., Any]) -> None:
             raise ImproperlyConfigured(f"{where}: {error}")
     if definition.backoff is not None and not valid_backoff(definition.backoff):
         raise ImproperlyConfigured(
-            f"{where}: backoff must be seconds (a number from 0 to {validation.MAX_SECONDS}) or a list of them, "
-            f"not {definition.backoff!r}"
+            f"{where}: backoff must be seconds (a number from 0 to {validation.MAX_SECONDS}), a list of them, "
+            f"'exponential' or an Exponential, not {definition.backoff!r}"
         )
+    for option in ("retry_on", "fail_on"):
+        error = _exceptions_error(option, getattr(definition, option))
+        if error is not None:
+            raise ImproperlyConfigured(f"{where}: {error}")
     if not _seconds(definition.delay):
         raise ImproperlyConfigured(
             f"{where}: delay must be seconds from 0 to {validation.MAX_SECONDS} or a timedelta, "
@@ -277,6 +428,32 @@ def retry_deadline(name: str, retry_until: RetryUntil) -> str:
     return value.astimezone(UTC).isoformat()
 
 
+# Exceptions the worker handles before retry_on and fail_on are asked: naming them would do nothing.
+_NOT_FAILURES = (Snooze, JobCancelled, WorkerStopped)
+
+
+def _exceptions_error(option: str, value: Any) -> str | None:
+    """Why ``value`` cannot be a retry_on or fail_on (a tuple of exception classes), or None if it can."""
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or (option == "retry_on" and not value):
+        example = "(ConnectionError, TimeoutError)"
+        return f"{option} must be an exception class or a tuple of them, such as {example}, not {value!r}"
+    for item in value:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            return f"{option} must hold exception classes, such as ConnectionError, not {item!r}"
+        if issubclass(item, _NOT_FAILURES):
+            return (
+                f"{option} cannot hold {item.__name__}: the worker handles it before {option} is asked "
+                "(a snooze is never a failure, a cancelled job is never retried, a stopped worker gives the job back)"
+            )
+    return None
+
+
+def _class_name(cls: type) -> str:
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _dotted(value: Any) -> bool:
     return isinstance(value, str) and "." in value and all(part.isidentifier() for part in value.split("."))
 
@@ -285,20 +462,12 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _seconds(value: Any) -> bool:
-    """A number of seconds the columns and the database's date arithmetic can hold."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and 0 <= value <= validation.MAX_SECONDS  # False for NaN, too
-    )
-
-
 def valid_backoff(backoff: Any) -> bool:
-    """Tell whether ``backoff`` is seconds (0 to ``MAX_SECONDS``) or a list of them."""
+    """Tell whether ``backoff`` is seconds (0 to ``MAX_SECONDS``), a list of them, ``"exponential"``
+    or an ``Exponential``."""
     if isinstance(backoff, (list, tuple)):
         return all(_seconds(item) for item in backoff)
-    return _seconds(backoff)
+    return isinstance(backoff, Exponential) or backoff == "exponential" or _seconds(backoff)
 
 
 @overload
@@ -307,13 +476,13 @@ def job(func: Callable[P, R], /) -> JobDefinition[P, R]: ...
 
 @overload
 def job(
-    *, takes_context: Literal[True], name: str | None = None, **options: Unpack[JobOptions]
+    *, takes_context: Literal[True], name: str | None = None, **options: Unpack[DefinitionOptions]
 ) -> Callable[[Callable[Concatenate[Any, P], R]], JobDefinition[P, R]]: ...  # Any: a context.JobContext
 
 
 @overload
 def job(
-    *, takes_context: Literal[False] = False, name: str | None = None, **options: Unpack[JobOptions]
+    *, takes_context: Literal[False] = False, name: str | None = None, **options: Unpack[DefinitionOptions]
 ) -> Callable[[Callable[P, R]], JobDefinition[P, R]]: ...
 
 

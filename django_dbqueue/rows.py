@@ -205,7 +205,8 @@ def new_job(
                 checked.add((name, queue))
     envelope: dict[str, Any] = {"v": payload.VERSION, "args": step["args"], "kwargs": step["kwargs"]}
     optional = {
-        "backoff": step.get("backoff"),
+        # As JSON: the tasks backend passes its task's or OPTIONS' backoff as given (an Exponential).
+        "backoff": backoff_json(step.get("backoff")),
         "next": list(next_steps),
         "then": list(then),
         "on_failure": on_failure,

@@ -11,10 +11,11 @@ import dataclasses
 import enum
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -37,6 +38,14 @@ MAX_SLEEP = 30.0
 BUSY_RETRY = 0.1
 # Seconds before a ticker retries after a database error (doubled, up to the last).
 ERROR_RETRY = (1.0, 2.0, 5.0)
+# A lock another writer holds (SQLite's "database is locked" as workers start, a deadlock or a
+# lock wait elsewhere) is retried sooner and quietly; an error once it has lasted LOCK_PERSISTS s.
+LOCK_RETRY = (0.1, 0.5, 1.0, 2.0)
+LOCK_PERSISTS = 30.0
+# SQLSTATEs of PostgreSQL (lock not available, deadlock, serialization) and MySQL's error
+# numbers (lock wait timeout, deadlock) that mean another transaction held what this one needed.
+POSTGRESQL_LOCKS = frozenset({"55P03", "40P01", "40001"})
+MYSQL_LOCKS = frozenset({1205, 1213})
 STOP_WAIT = 5.0  # for a tick in flight
 LOOK_AHEAD = 100
 
@@ -142,6 +151,11 @@ def periodic(
     )
     try:
         schedule.arguments()
+        if schedule.definition is not None:
+            # Arguments the job cannot take are refused here, not at every tick.
+            schedule.definition.bind(
+                *schedule.args, **schedule.kwargs, **({tick_argument: None} if tick_argument else {})
+            )
     except TypeError as exc:
         raise ImproperlyConfigured(f"{where}: {exc}") from None
     existing = _schedules.get(schedule.name)
@@ -170,6 +184,11 @@ def usable(schedules: Mapping[str, Schedule]) -> dict[str, Schedule]:
         error = schedule.expression_error() or schedule.timezone_error()
         if error is None and registry.find(schedule.job_name) is None:
             error = f"no job is registered under the name {schedule.job_name!r}"
+        if error is None:
+            try:
+                schedule.call(datetime.now(UTC))
+            except TypeError as exc:
+                error = str(exc)
         if error is not None:
             logger.error("schedule not ticked schedule=%s: %s", name, error)
             continue
@@ -362,6 +381,10 @@ class Ticker:
         self._started = 0.0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # Since when the ticker meets a lock, when it last said so, and when at info (``_locked``).
+        self._locked_since: float | None = None
+        self._lock_reported = 0.0
+        self._lock_said = -math.inf
 
     def start(self) -> Ticker:
         if not self.enabled or self._thread is not None:
@@ -416,13 +439,16 @@ class Ticker:
                             sync(schedules)
                             synced = True
                         delay = self.look(schedules)
-                        errors = 0
+                        errors, self._locked_since = 0, None
                     except DatabaseError as exc:
-                        delay = ERROR_RETRY[min(errors, len(ERROR_RETRY) - 1)]
+                        if is_lock(exc):
+                            delay = self._locked(exc, errors)
+                        else:
+                            delay = ERROR_RETRY[min(errors, len(ERROR_RETRY) - 1)]
+                            logger.warning(
+                                "ticker failed worker_id=%s retry_in=%ss: %s", self.worker_id, delay, error_text(exc)
+                            )
                         errors += 1
-                        logger.warning(
-                            "ticker failed worker_id=%s retry_in=%ss: %s", self.worker_id, delay, error_text(exc)
-                        )
                         drop_connection()
                     except Exception:
                         # A bug or a job that cannot be enqueued must not end the ticking of the others.
@@ -432,6 +458,31 @@ class Ticker:
                         self._stopping.wait(delay)
         finally:
             drop_connection()
+
+    def _locked(self, exc: DatabaseError, errors: int) -> float:
+        """Log a lock met while ticking: info at most once per ``LOCK_PERSISTS`` seconds (workers
+        that start together meet one another's), debug while it lasts, an error each
+        ``LOCK_PERSISTS`` seconds one persists; return the seconds before the next try."""
+        delay = LOCK_RETRY[min(errors, len(LOCK_RETRY) - 1)]
+        now = time.monotonic()
+        if self._locked_since is None:
+            self._locked_since = self._lock_reported = now
+            if now - self._lock_said >= LOCK_PERSISTS:
+                self._lock_said = now
+                logger.info(
+                    "ticker waits for a lock worker_id=%s retry_in=%ss: %s", self.worker_id, delay, error_text(exc)
+                )
+                return delay
+        elif now - self._lock_reported >= LOCK_PERSISTS:
+            self._lock_reported = now
+            logger.error(
+                "ticker locked out for %.0fs worker_id=%s retry_in=%ss: %s (another process holds a long "
+                "write transaction; on SQLite see dbqueue.W011)",
+                now - self._locked_since, self.worker_id, delay, error_text(exc),
+            )  # fmt: skip
+            return delay
+        logger.debug("ticker waits for a lock worker_id=%s retry_in=%ss", self.worker_id, delay)
+        return delay
 
     def look(self, schedules: Mapping[str, Schedule]) -> float:
         """Tick what is due; return the seconds until the next look."""
@@ -453,3 +504,18 @@ class Ticker:
         _, _, next_tick, now = rows[0]
         delay: float = (next_tick - now).total_seconds() - (time.monotonic() - read)
         return max(0.0, min(delay, MAX_SLEEP))
+
+
+def is_lock(exc: DatabaseError) -> bool:
+    """Tell whether ``exc`` says another transaction held a lock this one needed (it may be run again)."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    sqlite_name = getattr(cause, "sqlite_errorname", None)
+    if isinstance(sqlite_name, str):
+        return sqlite_name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if sqlstate is not None:
+        return sqlstate in POSTGRESQL_LOCKS
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] in MYSQL_LOCKS
+    return bool(args) and isinstance(args[0], str) and "is locked" in args[0]

@@ -1,7 +1,9 @@
 """A backend for Django's Tasks framework (``django.tasks``, Django 6).
 
 A task is stored as a job of the internal job ``django_dbqueue.run_task``, run by ``queue_work``
-with the queue's retries, timeouts and recovery; its outcome stays in ``TaskResultRecord``.
+with the queue's retries, timeouts and recovery; its outcome stays in ``TaskResultRecord``. The
+job carries the task's path too, so the history, the dashboard, the metrics and the logs name
+the task (``history.shown_name``), not ``run_task``.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 
-from . import payload, registry
+from . import insert, payload, registry, validation
 from .context import JobContext
 from .db import CLAIM_VENDORS, DbNow, alias, read_back
 from .errors import clean
 from .exceptions import JobCancelled, JobNotRegistered, PayloadError, Snooze, WorkerStopped
 from .handles import TASKS_JOB
+from .history import TASK_PATH
 from .models import CANCELLED_CLASS, FailedJob, Job, TaskResultRecord
 from .registry import job
 from .rows import new_job
@@ -95,6 +98,8 @@ class DatabaseBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> TaskResult[Any, Any]:
         self.validate_task(task)
+        args = tuple(args)
+        validation.check_call(task.module_path, task.func, args, kwargs, takes_context=task.takes_context)
         try:
             stored_args, stored_kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
         except TypeError as exc:
@@ -107,13 +112,13 @@ class DatabaseBackend(BaseTaskBackend):
             "queue": task.queue_name,
             "priority": task.priority,
             **{option: self._option(task, option) for option in TASK_OPTIONS},
-            **payload.encode_arguments((result_id,), {}),
+            **payload.encode_arguments((result_id,), {TASK_PATH: task.module_path}),
         }
         row = new_job(step).to_job()
         if task.run_after is not None:
             row.available_at = task.run_after
         with transaction.atomic(using=alias()):
-            row.save(force_insert=True, using=alias())
+            insert.insert_each([row])
             record = TaskResultRecord.objects.create(
                 id=result_id,
                 task_path=task.module_path,
@@ -248,11 +253,13 @@ def _send(signal: Any, result: TaskResult[Any, Any]) -> None:
 
 
 @job(name=RUN_TASK, takes_context=True)
-def run_task(context: JobContext, result_id: str) -> Any:
-    """Run one django.tasks task with Django's semantics, recording its result."""
+def run_task(context: JobContext, result_id: str, task_path: str = "") -> Any:
+    """Run one django.tasks task with Django's semantics, recording its result (``task_path``:
+    the task's path, for what names the run; jobs enqueued before it was carried have none)."""
     record = TaskResultRecord.objects.filter(pk=result_id).first()
     if record is None:
-        raise PayloadError(f"the task result {result_id} no longer exists, and with it the task's arguments")
+        whose = f"the task {task_path}'s" if task_path else "the task's"
+        raise PayloadError(f"the task result {result_id} no longer exists, and with it {whose} arguments")
     task = find_task(record.task_path)
     record.status = TaskResultStatus.RUNNING
     record.worker_ids = [*record.worker_ids, context.worker_id]

@@ -1,12 +1,17 @@
-"""Bounds and names the queue accepts, shared by enqueue, the commands and the system checks.
+"""Bounds and names the queue accepts, shared by enqueue, the commands and the system checks, and
+the check that a call's arguments fit its job's parameters.
 
 The bounds are the columns' own, so a value that passes is never cut or refused by the database.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import hashlib
+import inspect
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -171,3 +176,121 @@ class Definition(Protocol):
     def rate_key(self) -> str | Callable[..., Any] | None: ...
     @property
     def rate_burst(self) -> int | None: ...
+
+
+# -- a call's arguments against its function's parameters -------------------------
+
+
+class CallShape:
+    """What a function's parameters accept, read once from its ``inspect.Signature``, so that an
+    enqueue checks its arguments with a few comparisons (``Signature.bind`` costs microseconds)."""
+
+    __slots__ = (
+        "index",
+        "keywords",
+        "least",
+        "most",
+        "positional_only",
+        "required",
+        "required_keywords",
+        "signature",
+        "var_kwargs",
+    )
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        kind = inspect.Parameter
+        params = list(signature.parameters.values())
+        positional = [p for p in params if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)]
+        self.signature = signature
+        self.index = {p.name: i for i, p in enumerate(positional)}
+        self.positional_only = frozenset(p.name for p in positional if p.kind is kind.POSITIONAL_ONLY)
+        # A Signature keeps the positional parameters with defaults after those without.
+        self.required = tuple(p.name for p in positional if p.default is kind.empty)
+        self.required_keywords = tuple(
+            p.name for p in params if p.kind is kind.KEYWORD_ONLY and p.default is kind.empty
+        )
+        self.keywords = frozenset(p.name for p in params if p.kind in (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY))
+        # The fewest and the most positional arguments a call without keywords may pass (-1: keywords are needed).
+        self.least = -1 if self.required_keywords else len(self.required)
+        self.most = sys.maxsize if any(p.kind is kind.VAR_POSITIONAL for p in params) else len(positional)
+        self.var_kwargs = any(p.kind is kind.VAR_KEYWORD for p in params)
+
+    def error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Why calling with ``args`` and ``kwargs`` would raise TypeError, or None if it would not."""
+        given = len(args)
+        if not kwargs and 0 <= self.least <= given <= self.most:
+            return None  # the common call: enough positional arguments, no keywords
+        problem = self._problem(given, kwargs)
+        return None if problem is None else f"{problem}; its parameters are {self.described()}"
+
+    def _problem(self, given: int, kwargs: dict[str, Any]) -> str | None:
+        if given > self.most:
+            return f"too many positional arguments: {given} given, it takes {self.most or 'none'}"
+        for key in kwargs:
+            if key in self.keywords:
+                if self.index.get(key, given) < given:
+                    return f"multiple values for the argument {key!r}, by position and by keyword"
+            elif key in self.positional_only:
+                if not self.var_kwargs:
+                    return f"the argument {key!r} is positional-only, but was passed by keyword"
+            elif not self.var_kwargs:
+                close = difflib.get_close_matches(key, sorted(self.keywords), n=1)
+                return f"an unexpected keyword argument {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        missing = [name for name in self.required[given:] if name in self.positional_only or name not in kwargs]
+        missing += [name for name in self.required_keywords if name not in kwargs]
+        if not missing:
+            return None
+        names = " and ".join(", ".join(map(repr, missing)).rsplit(", ", 1))
+        return f"missing the required argument{'s' if len(missing) > 1 else ''} {names}"
+
+    def described(self) -> str:
+        """The parameters as declared, without annotations: ``(order_id, *, resend=False)``."""
+        empty = inspect.Parameter.empty
+        return str(inspect.Signature([p.replace(annotation=empty) for p in self.signature.parameters.values()]))
+
+
+# Per (function, takes_context): its shape, or None if it has no signature to read (some builtins).
+_shapes: dict[tuple[Callable[..., Any], bool], CallShape | None] = {}
+_UNREAD = object()
+
+
+def call_shape(func: Callable[..., Any], takes_context: bool = False) -> CallShape | None:
+    """The parameters a caller passes to ``func`` (without the context a ``takes_context`` job takes first)."""
+    key = (func, takes_context)
+    try:
+        shape = _shapes.get(key, _UNREAD)
+    except TypeError:  # an unhashable callable: read each time
+        shape = _UNREAD
+    if shape is not _UNREAD:
+        return shape  # type: ignore[return-value]
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        shape = None
+    else:
+        params = list(signature.parameters.values())
+        first = params[0].kind if params else None
+        if takes_context and first in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            signature = signature.replace(parameters=params[1:])
+        shape = CallShape(signature)
+    with contextlib.suppress(TypeError):  # an unhashable callable is read again next time
+        _shapes[key] = shape
+    return shape
+
+
+def call_error(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, takes_context: bool = False
+) -> str | None:
+    """Why ``func`` (a ``takes_context`` job's, without its context) cannot take these arguments, or None."""
+    shape = call_shape(func, takes_context)
+    return None if shape is None else shape.error(args, kwargs)
+
+
+def check_call(
+    name: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, takes_context: bool = False
+) -> None:
+    """Raise TypeError naming job ``name`` and the parameter if ``func`` cannot take these arguments."""
+    shape = call_shape(func, takes_context)
+    error = None if shape is None else shape.error(args, kwargs)
+    if error is not None:
+        raise TypeError(f"Cannot enqueue {name}: {error}")

@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 
 from django.db import DatabaseError
 
-from . import batches, claims, history, lifecycle, registry, signals, unique, workers
+from . import batches, claims, history, lifecycle, registry, schema, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
-from .db import error_text, watch_network
+from .db import alias, error_text, watch_network
 from .exceptions import JobCancelled, WorkerStopped
 from .execution import Defaults, Outcome
 from .heartbeat import Heartbeat
@@ -56,6 +56,7 @@ class StopReason(enum.Enum):
     SIGNAL = "signal"
     TIMED_OUT = "timed-out"
     EMPTY = "empty"
+    DONE = "done"
     ONCE = "once"
     MAX_JOBS = "max-jobs"
     MAX_TIME = "max-time"
@@ -74,6 +75,8 @@ class WorkerOptions:
     max_time: float | None = None
     memory: int | None = None
     stop_when_empty: bool = False
+    # Stop once the queues hold no job at all (waiting, delayed, blocked or reserved), retries included.
+    until_done: bool = False
     once: bool = False
     batch: int = DEFAULT_BATCH  # most jobs claimed at once per slot
     batch_window: float = BATCH_WINDOW
@@ -148,6 +151,7 @@ class Worker:
     def run(self) -> StopReason:
         """Process jobs until a stop condition; return why the worker stopped."""
         started = time.monotonic()
+        self._require_tables(at_start=True)
         # Before "worker started": a queue_restart sent after that line reaches this worker.
         self._restart_seen = self._read_restart_marker()
         self._restart_checked = started
@@ -173,6 +177,9 @@ class Worker:
         ):
             try:
                 reason = self._loop(started)
+            except schema.NotMigrated:
+                self.heartbeat.unregister()
+                raise
             finally:
                 self.outcomes.finish_done()
                 self._release_claimed()
@@ -297,9 +304,35 @@ class Worker:
             return StopReason.ONCE
         if self.options.stop_when_empty:
             return StopReason.EMPTY
+        if self.options.until_done and self._done():
+            return StopReason.DONE
         self._prune()
         self.wait(self._sleep(), listen=True)
         return None
+
+    def _done(self) -> bool:
+        """For ``until_done``: whether this worker's queues hold no job, but those of a paused
+        queue that nobody holds (no worker claims them until it is resumed)."""
+        rows = Job.objects.filter(queue__in=self.options.queues)
+        try:
+            paused = claims.paused(alias())
+            if paused:
+                rows = rows.exclude(reserved_at__isnull=True, queue__in=paused)
+            return not rows.exists()
+        except DatabaseError:
+            return False  # the next claim reports it
+
+    def _require_tables(self, *, at_start: bool = False, migrations: bool = False) -> None:
+        """Stop with ``schema.NotMigrated`` if the queue's database lacks the app's tables (with
+        ``migrations``, or its latest migration); a database out of reach is ridden out."""
+        found = schema.problem(alias(), migrations=migrations)
+        if found is None:
+            return
+        logger.error("worker stopped worker_id=%s: %s", self.worker_id, found)
+        if at_start:  # else run's own cleanup closes them
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        raise schema.NotMigrated(found)
 
     def _sleep(self) -> float:
         """Seconds to wait after an empty claim: ``--sleep``, or less for a rate-limited job."""
@@ -323,6 +356,8 @@ class Worker:
                 before_reclaim=self.executor.pause,
             )
         except DatabaseError as exc:
+            if schema.names_missing_schema(exc):
+                self._require_tables(migrations=True)  # else "no such table" for ever
             self.outages.claim_failed(exc)
             # The statement may have deleted them before its reply was lost.
             self.outcomes.done = done
@@ -355,7 +390,7 @@ class Worker:
                 continue
             self.processed += 1
             self.stats.started(job)
-            self.history.started(job.queue, job.name)
+            self.history.started(job.queue, history.shown_name(job))
             self.outcomes.send(signals.job_started, job=job, worker_id=self.worker_id)
             if job.cancel:
                 # Asked to stop while an earlier worker held it: it does not run again.

@@ -62,7 +62,7 @@ class Stats:
 
     def started(self, job: Job) -> None:
         with self._lock:
-            self._running[job.pk] = (time.monotonic(), job.name)
+            self._running[job.pk] = (time.monotonic(), history.shown_name(job))
 
     def stopped(self, job: Job) -> None:
         """The run of ``job`` ended (its outcome may wait for a batched DELETE)."""

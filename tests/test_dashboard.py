@@ -262,7 +262,7 @@ def test_the_dashboard_needs_a_login_and_the_view_job_permission(staff):
 @pytest.mark.django_db
 def test_the_empty_dashboard_renders_and_says_what_is_missing(admin_client):
     html = admin_client.get(URL).content.decode()
-    assert html.count('class="dbq-chart"') == 4
+    assert html.count('class="dbq-chart"') == 6
     assert "No runs recorded" in html and "No failures" in html
     assert "No queue holds jobs" in html
     assert "No queue is paused." in html
@@ -317,8 +317,8 @@ def test_failures_are_counted_only_for_users_who_may_view_failed_jobs(staff):
     assert 'id="dbq-no-failures"' in html and "8 succeeded" in html and "9 succeeded" in html
 
     html = staff("view_job", "view_failedjob").get(URL).content.decode()
-    assert html.count('class="dbq-chart"') == 4 and 'id="dbq-no-failures"' not in html
-    assert "failed or retried, last hour" in html and "3 / 2" in html and "Failed</th>" in html
+    assert html.count('class="dbq-chart"') == 6 and 'id="dbq-no-failures"' not in html
+    assert "failed, last hour" in html and "retried, last hour" in html and "Failed</th>" in html
     assert "7 failed" in html  # the day's failures: 3 + 4
 
 
@@ -408,13 +408,13 @@ def test_the_dashboard_in_chromium_without_and_with_data(live_url, page, tmp_pat
     page.click("input[type=submit]")
     page.click("text=Dashboard")
     page.wait_for_selector(".dbq-dashboard")
-    assert page.locator("svg.dbq-chart").count() == 4
+    assert page.locator("svg.dbq-chart").count() == 6
     assert page.locator("text=No worker is running").count() == 1
 
     busy_day()
     page.set_viewport_size({"width": 1400, "height": 900})
     page.reload()
-    assert page.locator("svg.dbq-chart").count() == 4
+    assert page.locator("svg.dbq-chart").count() == 6
     # The hour: 60 bars in each chart; the day: 144.
     assert page.locator("#dbq-hour ~ .dbq-charts svg").first.locator("g").count() == 60
     assert page.locator("#dbq-workers tbody tr").count() == 3

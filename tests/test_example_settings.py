@@ -40,3 +40,19 @@ def test_a_key_from_the_environment_passes_with_debug_off(tmp_path):
 def test_the_laptop_defaults_pass_with_debug_on(tmp_path):
     result = check(tmp_path)
     assert result.returncode == 0 and "demo.E001" not in result.stderr, result.stderr
+
+
+def test_the_example_projects_own_tests_pass_with_the_testing_helpers(tmp_path):
+    """``manage.py test demo``: the project's tests use django_dbqueue.testing (run_jobs, assertions)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("DJANGO_", "DATABASE_URL"))}
+    env.update(EXAMPLE_SQLITE_PATH=str(tmp_path / "example.sqlite3"), DJANGO_SECRET_KEY=A_KEY)
+    result = subprocess.run(
+        [sys.executable, str(MANAGE), "test", "demo", "--noinput"],
+        cwd=ROOT / "example_project",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "\nOK" in result.stderr and "Ran 0 tests" not in result.stderr, result.stderr

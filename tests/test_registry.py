@@ -278,13 +278,6 @@ def test_the_tasks_backend_enqueues_through_the_same_checks():
     assert Job.objects.count() == 0 and TaskResultRecord.objects.count() == 0
 
 
-def test_the_options_of_job_are_the_fields_of_a_definition():
-    import dataclasses
-
-    fields = {field.name for field in dataclasses.fields(JobDefinition)} - {"func", "name", "takes_context"}
-    assert set(registry.JobOptions.__annotations__) == fields
-
-
 def test_importing_the_package_for_job_imports_no_models():
     import subprocess
     import sys

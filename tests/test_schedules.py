@@ -116,10 +116,10 @@ def test_two_schedules_of_one_job_need_their_own_names(declared):
 
 
 def test_the_checks_report_a_bad_expression_an_unknown_zone_and_an_unregistered_job(declared):
-    declared(periodic(jobs.record, "61 * * * *", name="bad-minute"))
-    declared(periodic(jobs.record, "@daily", tz="Europe/Berln", name="bad-zone"))
+    declared(periodic(jobs.record, "61 * * * *", args=("k",), name="bad-minute"))
+    declared(periodic(jobs.record, "@daily", args=("k",), tz="Europe/Berln", name="bad-zone"))
     declared(periodic("tests.no_such_job", every=60, name="no-job"))
-    declared(periodic(jobs.record, "@daily", tz="Europe/Berlin", name="fine"))
+    declared(periodic(jobs.record, "@daily", args=("k",), tz="Europe/Berlin", name="fine"))
     messages = {(message.id, message.msg.split(":")[0]) for message in check_schedules()}
     assert messages == {
         ("dbqueue.E011", "Schedule 'bad-minute' has a bad cron expression"),
@@ -368,7 +368,7 @@ def test_the_schedule_check_is_registered():
 
 
 def test_a_schedule_without_a_zone_uses_settings_time_zone(declared):
-    schedule = declared(periodic(jobs.record_tick, "@daily", name="zone-default"))
+    schedule = declared(periodic(jobs.record_tick, "@daily", tick_argument="tick", name="zone-default"))
     assert schedule.timezone_name == "Europe/Paris"
 
 

@@ -1,10 +1,12 @@
 """The admin pages, a module each: jobs (with progress), failed jobs, batches, schedules, the queue
-overview and the dashboard (with its charts). Django autodiscovers this package; it registers them."""
+overview and the dashboard (with its charts; the index lists it as the job history, whose rows
+it charts). Django autodiscovers this package; it registers them."""
 
 from django.contrib import admin
 
-from ..models import FailedJob, Job, JobBatch, JobProgress, ScheduleState
+from ..models import FailedJob, Job, JobBatch, JobHistory, JobProgress, ScheduleState
 from .batches import JobBatchAdmin
+from .dashboard import DashboardAdmin
 from .failed import FailedJobAdmin
 from .jobs import JobAdmin, JobProgressAdmin
 from .schedules import ScheduleStateAdmin
@@ -14,3 +16,4 @@ admin.site.register(FailedJob, FailedJobAdmin)
 admin.site.register(JobProgress, JobProgressAdmin)
 admin.site.register(ScheduleState, ScheduleStateAdmin)
 admin.site.register(JobBatch, JobBatchAdmin)
+admin.site.register(JobHistory, DashboardAdmin)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import django
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Model, QuerySet
@@ -14,6 +15,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from .. import payload
+
+# How this Django marks up the admin's breadcrumbs, which its CSS styles: a list (<ol> of <li>,
+# the page's with aria-current) from Django 6.1 on, a <div> of links in 6.0 and 5.2.
+LIST_BREADCRUMBS = django.VERSION >= (6, 1)
 
 
 class StateFilter(admin.SimpleListFilter):
@@ -57,8 +62,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return site.is_registered(model) and bool(site.get_model_admin(model).has_view_permission(request))
 
     def page(self, request: HttpRequest, template: str, title: str, **context: Any) -> HttpResponse:
-        """Render this app's admin page ``template`` with the site's context (the header, the sidebar)."""
-        context = {**self.admin_site.each_context(request), "title": title, "opts": self.model._meta, **context}
+        """Render this app's admin page ``template`` with the site's context (the header, the sidebar)
+        and the breadcrumbs Home, the app, ``title`` (``breadcrumbs.html``, in this Django's markup)."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "app_url": reverse(f"{self.admin_site.name}:app_list", kwargs={"app_label": self.model._meta.app_label}),
+            "list_breadcrumbs": LIST_BREADCRUMBS,
+            **context,
+        }
         return TemplateResponse(request, f"admin/django_dbqueue/{template}.html", context)
 
     def url(self, name: str, *args: Any) -> str:

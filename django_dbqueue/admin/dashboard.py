@@ -17,13 +17,14 @@ from typing import Any
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.urls import path
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from .. import history, pauses, workers
 from ..db import DbNow
 from ..metrics import history_sums, totals_of
-from ..models import FailedJob, QueueWorker
+from ..models import FailedJob, Job, QueueWorker
 from ..operations import QueueStats, queue_overview, read_alias
 from .base import ReadOnlyAdmin
 from .charts import Series, bar_chart, sparkline
@@ -83,11 +84,18 @@ class RunTimes:
     """How long a job name's runs took over a period, read from the history's run-time buckets."""
 
     runs: int = 0
-    failures: int = 0
+    # Runs that ended the job in the failed jobs; runs that raised and were retried.
+    failed: int = 0
+    retried: int = 0
     # Seconds; math.inf: longer than the last bound of ``history.BOUNDS``; None: no run.
     p50: float | None = None
     p95: float | None = None
     mean: float | None = None
+
+    @property
+    def failures(self) -> int:
+        """Runs that raised: failed for good, or retried."""
+        return self.failed + self.retried
 
     @property
     def p50_label(self) -> str:
@@ -112,7 +120,7 @@ class RunTimes:
 
         runs = totals.ended
         mean = totals.run_time / runs if runs else None
-        return cls(runs, totals.failed + totals.retried, percentile(0.5), percentile(0.95), mean)
+        return cls(runs, totals.failed, totals.retried, percentile(0.5), percentile(0.95), mean)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,12 +322,31 @@ def age(seconds: float | None) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class ChartPair:
+class Figure:
+    """One chart of a window, with its caption."""
+
+    caption: str
+    svg: SafeString
+
+
+@dataclasses.dataclass(frozen=True)
+class ChartRow:
+    """A window's charts: succeeded, and (for users who may see failures) failed and retried, each on its own scale."""
+
     window: Window
-    succeeded: SafeString
-    # None: not drawn (the user may not see failures).
-    failures: SafeString | None
+    figures: list[Figure]
     total: Point
+    failures: bool
+
+
+# A chart's size in its own units: three fit side by side on a wide screen, one on a phone.
+CHART_WIDTH, CHART_HEIGHT = 420, 160
+# Each count's chart: its caption, and what it shows when no run counted.
+_CHARTS = {
+    "succeeded": ("Succeeded", "No runs recorded"),
+    "failed": ("Failed (moved to the failed jobs)", "No failures"),
+    "retried": ("Retried (raised, put back to run again)", "No retries"),
+}
 
 
 def _layers(points: Sequence[Point], *names: str) -> list[Series]:
@@ -327,29 +354,38 @@ def _layers(points: Sequence[Point], *names: str) -> list[Series]:
     return [Series(name, "ok" if name == "succeeded" else name, [getattr(p, name) for p in points]) for name in names]
 
 
-def charts(window: Window, points: Sequence[Point], *, failures: bool = True) -> ChartPair:
-    """The succeeded chart and, with ``failures``, the failures chart (failed and retried, stacked) of ``points``."""
+def charts(window: Window, points: Sequence[Point], *, failures: bool = True) -> ChartRow:
+    """The succeeded chart of ``points`` and, with ``failures``, the failed and the retried ones: apart,
+    so that retries (which may succeed later) neither hide nor look like the runs that failed for good."""
     # Each bar's tooltip label and the x axis ticks, in the current time zone.
     local = [timezone.localtime(point.start) for point in points]
     if window.step < timedelta(minutes=5):
         labels = [moment.strftime("%H:%M") for moment in local]
-        ticks = [(index, labels[index]) for index, moment in enumerate(local) if moment.minute % 10 == 0]
+        ticks = [(index, labels[index]) for index, moment in enumerate(local) if moment.minute % 15 == 0]
     else:
         labels = [f"{moment:%a %H:%M}\N{EN DASH}{moment + window.step:%H:%M}" for moment in local]
-        ticks = [(i, f"{time:%H:%M}") for i, time in enumerate(local) if time.minute == 0 and time.hour % 3 == 0]
+        ticks = [(i, f"{time:%H:%M}") for i, time in enumerate(local) if time.minute == 0 and time.hour % 6 == 0]
     unit = "minute" if window.step == timedelta(minutes=1) else f"{window.step.total_seconds() / 60:.0f} minutes"
     period = window.title.split(",")[0].lower()
-    succeeded = bar_chart(labels, _layers(points, "succeeded"), title=f"Succeeded per {unit}, {period}", ticks=ticks)
-    failed = None
-    if failures:
-        title = f"Failed and retried per {unit}, {period}"
-        failed = bar_chart(labels, _layers(points, "failed", "retried"), title=title, ticks=ticks, empty="No failures")
-    return ChartPair(window, succeeded, failed, sum_points(points))
+    figures = []
+    for name in ("succeeded", "failed", "retried") if failures else ("succeeded",):
+        caption, empty = _CHARTS[name]
+        svg = bar_chart(
+            labels,
+            _layers(points, name),
+            title=f"{name.capitalize()} per {unit}, {period}",
+            ticks=ticks,
+            width=CHART_WIDTH,
+            height=CHART_HEIGHT,
+            empty=empty,
+        )
+        figures.append(Figure(caption, svg))
+    return ChartRow(window, figures, sum_points(points), failures)
 
 
 def view_for(model_admin: ReadOnlyAdmin) -> View:
-    """The dashboard view of the job admin ``model_admin``: for users who may view jobs (as the
-    overview's job counts); every count of failures only with view_failedjob, as on the overview."""
+    """The dashboard view of ``model_admin`` (``DashboardAdmin``): for users who may view jobs (as
+    the overview's job counts); every count of failures only with view_failedjob, as on the overview."""
 
     def dashboard_view(request: HttpRequest) -> HttpResponse:
         if not model_admin.has_view_permission(request):
@@ -359,10 +395,11 @@ def view_for(model_admin: ReadOnlyAdmin) -> View:
         data = gather(queue=queue)
         # A queue's sparkline stacks its failed and retried runs on the successes only with show_failed.
         layers = ("succeeded", "failed", "retried") if show_failed else ("succeeded",)
+        title = f"Queue dashboard: {queue}" if queue else "Queue dashboard"
         return model_admin.page(
             request,
             "dashboard",
-            f"Queue dashboard: {queue}" if queue else "Queue dashboard",
+            title,
             data=data,
             stats=data.stats,
             charts=[charts(HOUR, data.hour, failures=show_failed), charts(DAY, data.day, failures=show_failed)],
@@ -382,6 +419,26 @@ def view_for(model_admin: ReadOnlyAdmin) -> View:
         )
 
     return dashboard_view
+
+
+class DashboardAdmin(ReadOnlyAdmin):
+    """The dashboard as the admin index's entry of ``JobHistory`` (the rows it charts), so the index
+    and the sidebar link to it: its change list is the dashboard, for users who may view jobs."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The dashboard's rule (the overview's job counts), not a permission of its own.
+        return self.may_view(request, Job)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(view_for(self))
+        # The change list's name for the index, and the dashboard's for everything else.
+        return [
+            path("", view, name="django_dbqueue_jobhistory_changelist"),
+            path("", view, name="django_dbqueue_dashboard"),
+        ]
 
 
 # -- the overview -----------------------------------------------------------------

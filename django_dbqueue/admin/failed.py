@@ -22,6 +22,8 @@ from .base import ReadOnlyAdmin, permission, pretty_payload
 # Characters of a failed job's error read for the change list's one-line
 # summary: the end of the traceback, where the exception line is.
 ERROR_TAIL = 1000
+# Characters of that line the column shows.
+SUMMARY_LENGTH = 120
 
 
 class FailedJobAdmin(ReadOnlyAdmin):
@@ -46,6 +48,8 @@ class FailedJobAdmin(ReadOnlyAdmin):
     readonly_fields = fields
     actions = ["retry_selected"]
     change_form_template = "admin/django_dbqueue/failedjob/change_form.html"
+    # Its CSS keeps long names, exception classes and errors inside the table.
+    change_list_template = "admin/django_dbqueue/failedjob/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[FailedJob]:
         # The change list defers ``error``; its summary column reads only the end.
@@ -58,6 +62,8 @@ class FailedJobAdmin(ReadOnlyAdmin):
 
     @admin.display(description="error")
     def short_error(self, failed: FailedJob) -> str:
+        """The error's last line, cut at ``SUMMARY_LENGTH`` (the whole line read in its tooltip); the
+        change list's CSS wraps it anywhere, so a long dotted path or URL stays inside the table."""
         tail = getattr(failed, "error_tail", None)
         if tail is None:
             summary = failed.error_summary
@@ -66,7 +72,9 @@ class FailedJobAdmin(ReadOnlyAdmin):
             summary = lines[-1] if lines else ""
             if len(lines) == 1 and failed.error_length > len(tail):  # type: ignore[attr-defined]
                 summary = "…" + summary  # the last line is longer than the tail read
-        return summary if len(summary) <= 120 else summary[:119] + "…"
+        if len(summary) <= SUMMARY_LENGTH:
+            return summary
+        return format_html('<span title="{}">{}…</span>', summary, summary[: SUMMARY_LENGTH - 1])
 
     @admin.display(description="payload")
     def pretty_payload(self, failed: FailedJob) -> str:

@@ -69,7 +69,6 @@ class JobAdmin(ReadOnlyAdmin):
         view = self.admin_site.admin_view
         return [
             path("overview/", view(dashboard.overview_for(self)), name="django_dbqueue_overview"),
-            path("dashboard/", view(dashboard.view_for(self)), name="django_dbqueue_dashboard"),
             path("overview/pause/", view(require_POST(pause_for(self, pause=True))), name="django_dbqueue_pause"),
             path("overview/resume/", view(require_POST(pause_for(self, pause=False))), name="django_dbqueue_resume"),
             *super().get_urls(),

@@ -74,14 +74,18 @@ def queue_list(text: str) -> list[str]:
     return [queue_name(queue) for queue in queues]
 
 
-def backoff(text: str) -> float | list[float]:
-    """Seconds, or one per attempt: ``10`` or ``10,60,300``."""
+def backoff(text: str) -> float | list[float] | str:
+    """Seconds, or one per attempt: ``10`` or ``10,60,300``; or ``exponential``."""
+    if text.strip() == "exponential":
+        return "exponential"
     try:
         values = [float(part) for part in text.split(",")]
     except ValueError:
         values = [math.nan]
     if not all(math.isfinite(value) for value in values):
-        raise argparse.ArgumentTypeError(f"{text!r} is not seconds, or a comma-separated list of seconds")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not seconds, or a comma-separated list of seconds, or 'exponential'"
+        )
     if any(value < 0 for value in values):
         raise argparse.ArgumentTypeError(f"{text!r} has a negative delay")
     if any(value > validation.MAX_SECONDS for value in values):

@@ -4,8 +4,15 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from django_dbqueue import conf, registry
-from django_dbqueue.checks import check_worker, check_worker_connections, check_worker_queues
+from django_dbqueue import conf, registry, schema
+from django_dbqueue.checks import (
+    check_sqlite,
+    check_worker,
+    check_worker_connections,
+    check_worker_queues,
+    check_worker_queues_used,
+)
+from django_dbqueue.db import alias
 from django_dbqueue.execution import Defaults
 from django_dbqueue.management.base import QueueCommand
 from django_dbqueue.management.options import backoff, number, queue_list, seconds, tries, whole_number
@@ -39,8 +46,9 @@ class Command(QueueCommand):
         add(
             "--backoff",
             type=backoff,
-            help=f"Seconds before a failed job runs again, or one per attempt as "
-            f"'10,60,300', for jobs that set none (default: {settings['BACKOFF']}).",
+            help=f"Seconds before a failed job runs again, one per attempt as '10,60,300', or "
+            f"'exponential' (1, 2, 4 ... s up to 600, jittered), for jobs that set none "
+            f"(default: {settings['BACKOFF']}).",
         )
         add("--max-jobs", type=whole_number(1), help="Stop after this many jobs (default: no limit).")
         add("--max-time", type=seconds(0.001), help="Stop after this many seconds (default: no limit).")
@@ -49,7 +57,18 @@ class Command(QueueCommand):
             type=number(int, 1, "whole megabytes"),
             help="Stop after a job once resident memory passes this many MB (default: no limit).",
         )
-        add("--stop-when-empty", action="store_true", help="Stop when no job is available.")
+        stopping = parser.add_mutually_exclusive_group()
+        stopping.add_argument(
+            "--stop-when-empty",
+            action="store_true",
+            help="Stop when no job is available now (delayed jobs, such as retries in their backoff, do not count).",
+        )
+        stopping.add_argument(
+            "--until-done",
+            action="store_true",
+            help="Stop once the queues hold no job at all: none waiting, delayed (retries, rate-limited jobs) "
+            "or running; jobs of a paused queue do not count.",
+        )
         add("--once", action="store_true", help="Process at most one job, then stop.")
         add("--rest", type=seconds(), default=0.0, help="Seconds to rest after each job (default: 0).")
         add(
@@ -98,8 +117,13 @@ class Command(QueueCommand):
         given = {key: settings[key.upper()] if options[key] is None else options[key] for key in FROM_SETTINGS}
         timeout = given["timeout"] or None
         queues = options["queue"] or [settings["QUEUE"]]
+        # Before anything reads a table: a worker started before migrate would retry for ever.
+        with self.refusing(schema.NotMigrated):
+            schema.require_migrated(alias())
         for message in [
             *check_worker_queues(queues),
+            *check_worker_queues_used(queues),
+            *check_sqlite(databases=[alias()]),
             *check_worker(options["concurrency"], timeout),
             *check_worker_connections(options["concurrency"] or 1, options["threads"], options["async_concurrency"]),
         ]:
@@ -119,6 +143,7 @@ class Command(QueueCommand):
             max_time=options["max_time"],
             memory=options["memory"],
             stop_when_empty=options["stop_when_empty"],
+            until_done=options["until_done"],
             once=options["once"],
             batch=options["batch"],
             threads=options["threads"],
@@ -127,7 +152,9 @@ class Command(QueueCommand):
         )
         if options["concurrency"]:
             sys.exit(Supervisor(worker_options, options["concurrency"]).run())
-        if Worker(worker_options).run() is StopReason.MEMORY:
+        with self.refusing(schema.NotMigrated):
+            reason = Worker(worker_options).run()
+        if reason is StopReason.MEMORY:
             sys.exit(EXIT_MEMORY)
 
     def _configure_logging(self, verbosity: int) -> None:
