@@ -160,10 +160,16 @@ def apply_network_timeout(connection: Any, seconds: float | None = None) -> bool
     if seconds is None or raw is None or connection.vendor == "sqlite":
         return False
     try:
-        fd = raw.fileno()
-    except (AttributeError, OSError, ValueError):
+        fd = os.dup(raw.fileno())
+    except Exception:  # noqa: BLE001 - a lost connection raises the driver's own error (psycopg), or names a closed descriptor (MySQLdb)
+        # Nothing to bound: the next query fails, and the worker's outage path reconnects.
         return False
-    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        # MySQLdb's descriptor of a lost connection may since name another file.
+        os.close(fd)
+        return False
     try:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
             return False

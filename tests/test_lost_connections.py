@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 
+from django_dbqueue.db import apply_network_timeout
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.outcomes import MAX_GIVE_BACKS
 from tests.conftest import claim, kill_session, run_worker, wait_until
@@ -90,3 +91,23 @@ def test_jobs_a_stopping_worker_gives_back_unrun_spend_no_try():
     run_worker()
     assert Run.objects.count() == 2
     assert not FailedJob.objects.exists()
+
+
+@needs_server
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_started_on_a_connection_lost_since_its_last_query_opens_a_fresh_one():
+    """``queue_work``'s start-up checks use the connection; a restart or a killed session between them
+    and the worker's start left a connection whose socket the driver refuses to name, and the worker
+    died at start instead of reconnecting."""
+    jobs.record.enqueue("after-loss")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        session = cursor.fetchone()[0]
+    kill_session(session)
+    with pytest.raises(DatabaseError), connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    # The driver's connection is now closed, still held by Django's wrapper: what the worker finds.
+    assert connection.connection is not None
+    assert apply_network_timeout(connection) is False
+    run_worker()
+    assert Run.objects.filter(key="after-loss").exists()
