@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.page_commands import Shell, normal
 
 pytestmark = [pytest.mark.one_django, pytest.mark.example_project]
 
@@ -62,10 +62,6 @@ def tutorial_commands() -> Iterator[tuple[int, str, list[str]]]:
             yield current
 
 
-def _normal(text: str) -> str:
-    return " ".join(text.split())
-
-
 def test_the_tutorial_commands_run_in_order_in_a_fresh_clone(tmp_path: Path) -> None:
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
@@ -77,28 +73,16 @@ def test_the_tutorial_commands_run_in_order_in_a_fresh_clone(tmp_path: Path) -> 
         if key not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "DATABASE_URL", "EXAMPLE_SQLITE_PATH")
     }
     env["PYTHONUNBUFFERED"] = "1"
-    prefix = ""
+    shell = Shell(clone, env)
     commands = list(tutorial_commands())
     assert len(commands) >= 10, commands
     for line, command, expected in commands:
-        if command.startswith("python3 "):
-            command = shlex.quote(sys.executable) + command[len("python3") :]
-        if command.startswith("source "):
-            prefix = command + " && "
+        output = shell.run(command, f"docs/tutorial.md:{line}")
+        if output is None:
             continue
-        result = subprocess.run(
-            ["bash", "-c", prefix + command],
-            cwd=clone,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        output = result.stdout + result.stderr
-        assert result.returncode == 0, f"docs/tutorial.md:{line}: `{command}` exited {result.returncode}:\n{output}"
         for wanted in expected:
             if VARIABLE.search(wanted) or not wanted.strip():
                 continue
-            assert _normal(wanted) in _normal(output), (
+            assert normal(wanted) in normal(output), (
                 f"docs/tutorial.md:{line}: `{command}` did not print {wanted!r}; it printed:\n{output}"
             )

@@ -28,11 +28,12 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import django
 import pytest
+
+from tests.page_commands import Shell, normal
 
 pytestmark = [pytest.mark.one_django, pytest.mark.example_project]
 
@@ -112,13 +113,9 @@ def _commands(start: int, body: list[str]) -> list[Command]:
     return commands
 
 
-def _normal(text: str) -> str:
-    return " ".join(text.split())
-
-
 def output_pattern(line: str) -> re.Pattern[str]:
     """A pattern for an output line as the page shows it: its variable parts match any such part."""
-    text, parts, position = _normal(line), [], 0
+    text, parts, position = normal(line), [], 0
     for match in ANY_VARIABLE.finditer(text):
         parts += [re.escape(text[position : match.start()]), VARIABLE[str(match.lastgroup)]]
         position = match.end()
@@ -163,7 +160,7 @@ def test_the_startproject_tutorial_runs_as_written(tmp_path: Path) -> None:
     commands = [step for step in found if isinstance(step, Command)]
     assert len(commands) >= 15 and len(found) - len(commands) >= 5, found
     assert any(CHECKOUT in command.text for command in commands), f"no command of the page uses {CHECKOUT}"
-    prefix = ""
+    shell = Shell(project, env)
     for step in found:
         if isinstance(step, File):
             target = project / step.path
@@ -175,25 +172,13 @@ def test_the_startproject_tutorial_runs_as_written(tmp_path: Path) -> None:
                 target.write_text(step.content)
             continue
         command = step.text.replace(CHECKOUT, shlex.quote(str(checkout)))
-        if command.startswith("python3 "):
-            command = shlex.quote(sys.executable) + command[len("python3") :]
-        if command.startswith("source "):
-            prefix = command + " && "
+        output = shell.run(command, f"{PAGE.name}:{step.line}")
+        if output is None:
             continue
-        result = subprocess.run(
-            ["bash", "-c", prefix + command],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        output = result.stdout + result.stderr
-        assert result.returncode == 0, f"{PAGE.name}:{step.line}: `{command}` exited {result.returncode}:\n{output}"
         for wanted in step.output:
             if not wanted.strip() or wanted.strip() == "...":
                 continue
-            assert output_pattern(wanted).search(_normal(output)), (
+            assert output_pattern(wanted).search(normal(output)), (
                 f"{PAGE.name}:{step.line}: `{step.text}` did not print {wanted!r}; it printed:\n{output}"
             )
     # The wheel was installed, not the checkout: the project imports the package from its venv.
