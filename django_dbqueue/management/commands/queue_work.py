@@ -12,7 +12,7 @@ from django_dbqueue.checks import (
     check_worker_queues,
     check_worker_queues_used,
 )
-from django_dbqueue.db import alias, drop_connection
+from django_dbqueue.db import alias
 from django_dbqueue.execution import Defaults
 from django_dbqueue.management.base import QueueCommand
 from django_dbqueue.management.options import backoff, number, queue_list, seconds, tries, whole_number
@@ -128,9 +128,6 @@ class Command(QueueCommand):
             *check_worker_connections(options["concurrency"] or 1, options["threads"], options["async_concurrency"]),
         ]:
             self.stderr.write(self.style.WARNING(str(message)))
-        # The checks' connection may have died since (a restart, a killed backend): the worker opens
-        # its own, and rides out an outage from there.
-        drop_connection(alias())
         if not registry.all_definitions():
             self.stderr.write(
                 self.style.WARNING("No jobs are registered: put @job functions in an installed app's jobs.py.")
