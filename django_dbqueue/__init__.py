@@ -10,6 +10,7 @@ from .exceptions import (
     PayloadTooLarge,
     Snooze,
     UnknownQueue,
+    WaitTimeout,
 )
 from .registry import Exponential, JobCall, JobDefinition, job
 from .states import JobStatus
@@ -56,6 +57,7 @@ __all__ = [
     "PayloadTooLarge",
     "Snooze",
     "UnknownQueue",
+    "WaitTimeout",
     "aget_job",
     "batch",
     "chain",

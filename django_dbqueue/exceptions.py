@@ -37,6 +37,15 @@ class UnknownQueue(DbQueueError, ValueError):
     """A job was enqueued into a queue that ``DBQUEUE['QUEUES']`` does not list; nothing was enqueued."""
 
 
+class WaitTimeout(DbQueueError, TimeoutError):
+    """``JobHandle.wait`` ran out of time before the job finished; the job was left as it was."""
+
+    def __init__(self, message: str, *, job_id: int, status: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+
+
 class MaxAttemptsExceeded(DbQueueError):
     """A reservation expired on a job that had used its tries."""
 

@@ -249,6 +249,7 @@ def run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outcom
 
 def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outcome:
     definition = prepared.definition
+    token = middleware.running.set((prepared.job.pk, definition.name))
     try:
         with timer.limit(prepared, prepared.timeout or defaults.timeout):
             stack = prepared.middleware()
@@ -259,6 +260,8 @@ def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outco
                 result = _call(definition.func, prepared.args, prepared.kwargs)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
         return outcome_of(prepared, exc, defaults)
+    finally:
+        middleware.running.reset(token)
     return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
 
 
@@ -281,6 +284,8 @@ async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
     seconds = prepared.timeout or defaults.timeout
     stack = middleware.for_loop(prepared.middleware())
     assert stack is not None
+    # Each async job runs in an asyncio task of its own, in a copy of the context: set, never reset.
+    middleware.running.set((prepared.job.pk, definition.name))
     try:
         async with asyncio.timeout(seconds or None) as deadline:
             try:

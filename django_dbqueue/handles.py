@@ -8,8 +8,10 @@ id, so a handle follows its job through retries (docs/howto/handles.md).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -18,6 +20,8 @@ from asgiref.sync import sync_to_async
 
 from . import conf, lifecycle, payload, registry
 from .db import DbNow
+from .exceptions import WaitTimeout
+from .middleware import current_job
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
 from .states import JobStatus
 
@@ -26,6 +30,9 @@ if TYPE_CHECKING:
 
 # A handle follows at most this many retries from FailedJob.
 MAX_RETRIES_FOLLOWED = 100
+# ``wait`` reads the job again after this many seconds, doubling up to the last: a short job is
+# seen finished within about 10 ms, a long one costs a read per half second.
+WAIT_FIRST, WAIT_LONGEST = 0.01, 0.5
 
 
 @dataclasses.dataclass(eq=False)
@@ -179,6 +186,64 @@ class JobHandle:
 
     async def arefresh(self) -> None:
         await sync_to_async(self.refresh)()
+
+    def wait(self, timeout: float | timedelta | None = None) -> JobHandle:
+        """Block until the job has finished (succeeded, failed or cancelled) and return this handle,
+        read again: ``handle.wait(timeout=30).result``. After ``timeout`` seconds raise
+        ``WaitTimeout`` and leave the job alone. The job is read with backoff (10 ms, doubling to
+        0.5 s). Inside a job, a wait needs a timeout: the job it waits for may need this worker's
+        slot (docs/howto/handles.md)."""
+        deadline = self._wait_deadline(timeout)
+        pause = WAIT_FIRST
+        while True:
+            self.refresh()
+            if self.finished:
+                return self
+            pause = self._next_pause(deadline, pause, timeout)
+            time.sleep(pause)
+
+    async def wait_async(self, timeout: float | timedelta | None = None) -> JobHandle:
+        """``wait`` for async code: ``await handle.wait_async(timeout=30)``; the event loop runs on
+        between reads."""
+        deadline = self._wait_deadline(timeout)
+        pause = WAIT_FIRST
+        while True:
+            await self.arefresh()
+            if self.finished:
+                return self
+            pause = self._next_pause(deadline, pause, timeout)
+            await asyncio.sleep(pause)
+
+    def _wait_deadline(self, timeout: float | timedelta | None) -> float | None:
+        """The monotonic time a wait ends; refuse the waits that cannot end well."""
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be seconds (0 or more), or None to wait without end; got {timeout!r}")
+        running = current_job()
+        if running is not None and running[0] in (self.id, self.job_id):
+            raise RuntimeError(f"job {self.id} ({running[1]}) waits for itself: it would never finish")
+        if running is not None and timeout is None:
+            raise RuntimeError(
+                f"{running[1]} (job {running[0]}) waits for job {self.id} without a timeout: the job it "
+                "waits for may need the slot this job holds, and then neither ends. Pass a timeout, or enqueue "
+                "the next step as a chain, a batch callback or a job of its own."
+            )
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _next_pause(self, deadline: float | None, pause: float, timeout: float | timedelta | None) -> float:
+        """The pause before the next read, within ``deadline``; raise ``WaitTimeout`` once it passed."""
+        if deadline is None:
+            return min(pause * 2, WAIT_LONGEST)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WaitTimeout(
+                f"job {self.id} ({self.name or 'unknown'}) is still {self.status} after {timeout} s; "
+                "it was left as it is",
+                job_id=self.id,
+                status=str(self.status),
+            )
+        return min(pause * 2, WAIT_LONGEST, left)
 
     def cancel(self, *, hard: bool = False, reason: str = "") -> bool:
         """Cancel the job, or ask it to stop if it runs (``hard``: as at a timeout); False if it had finished."""

@@ -633,3 +633,19 @@ def use_what_a_stop_may_break(context: JobContext, key: str) -> None:
         cursor.execute("SELECT 1")
         cursor.fetchone()
     Run.objects.create(key=key, note=f"given_back={context.given_back}", pid=os.getpid())
+
+
+@job(tries=1)
+def wait_for_job(job_id: int, timeout: float | None = None) -> None:
+    """Waits inside a job for another job (``JobHandle.wait``), and records what it saw."""
+    from django_dbqueue import get_job
+
+    handle = get_job(job_id).wait(timeout)
+    Run.objects.create(key=f"waited-{job_id}", note=str(handle.status), pid=os.getpid())
+
+
+@job(tries=1, takes_context=True)
+def wait_for_itself(context: JobContext) -> None:
+    from django_dbqueue import get_job
+
+    get_job(context.job_id).wait(5)

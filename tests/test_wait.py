@@ -1,0 +1,128 @@
+"""Waiting for a job's end (issue 29): ``JobHandle.wait`` and ``wait_async``, on every database.
+
+The job is run by a real worker process while this process waits; a wait that times out leaves
+the job as it was; a wait inside a job that could deadlock is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+
+import pytest
+
+from django_dbqueue import JobStatus, WaitTimeout
+from django_dbqueue.middleware import current_job
+from django_dbqueue.models import FailedJob, Job
+from tests.conftest import run_worker
+from tests.testapp import jobs
+from tests.testapp.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_wait_returns_once_a_worker_process_has_run_the_job_with_its_result(worker_process):
+    handle = jobs.keep_result.enqueue(7)
+    worker = worker_process("--sleep", "0.05")
+    waited = handle.wait(timeout=60)
+    assert waited is handle
+    assert handle.status is JobStatus.SUCCEEDED, worker.output()
+    assert handle.result == {"x": 7, "when": dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)}
+    assert not Job.objects.filter(pk=handle.id).exists()
+
+
+def test_wait_returns_a_failed_job_as_failed_without_raising_its_error(worker_process):
+    handle = jobs.always_fail.enqueue("w")
+    worker_process("--sleep", "0.05", "--tries", "1")
+    handle.wait(timeout=60)
+    assert handle.status is JobStatus.FAILED
+    assert FailedJob.objects.filter(job_id=handle.id).exists()
+
+
+def test_a_wait_that_times_out_raises_wait_timeout_and_leaves_the_job_alone():
+    handle = jobs.record.enqueue("nobody-runs-me")
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout, match=r"is still waiting after 0.3 s; it was left as it is") as raised:
+        handle.wait(timeout=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+    assert raised.value.job_id == handle.id and raised.value.status == "waiting"
+    assert isinstance(raised.value, TimeoutError)
+    row = Job.objects.get(pk=handle.id)
+    assert row.attempts == 0 and row.reserved_at is None
+
+
+def test_wait_with_a_timedelta_and_zero():
+    handle = jobs.record.enqueue("zero")
+    with pytest.raises(WaitTimeout):
+        handle.wait(timeout=dt.timedelta(0))
+    with pytest.raises(ValueError, match="timeout must be seconds"):
+        handle.wait(timeout=-1)
+    run_worker()
+    assert handle.wait(timeout=dt.timedelta(seconds=1)).status is JobStatus.SUCCEEDED
+
+
+def test_wait_async_lets_the_event_loop_run_while_a_worker_runs_the_job(worker_process):
+    handle = jobs.keep_result.enqueue(3)
+    worker_process("--sleep", "0.05")
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        ticker = asyncio.create_task(tick())
+        try:
+            await handle.wait_async(timeout=60)
+        finally:
+            ticker.cancel()
+
+    asyncio.run(main())
+    assert handle.status is JobStatus.SUCCEEDED and handle.result["x"] == 3
+    assert ticks >= 1
+
+
+def test_wait_async_times_out_too():
+    handle = jobs.record.enqueue("async-timeout")
+    with pytest.raises(WaitTimeout):
+        asyncio.run(handle.wait_async(timeout=0.2))
+    assert Job.objects.filter(pk=handle.id, attempts=0).exists()
+
+
+def test_a_job_that_waits_for_another_without_a_timeout_is_refused_with_the_deadlock_named():
+    other = jobs.record.using(queue="elsewhere").enqueue("other")
+    waiter = jobs.wait_for_job.enqueue(other.id)
+    run_worker()
+    failed = FailedJob.objects.get(job_id=waiter.id)
+    assert failed.exception_class == "builtins.RuntimeError"
+    assert f"waits for job {other.id} without a timeout" in failed.error
+    assert "may need the slot this job holds" in failed.error
+    assert Job.objects.filter(pk=other.id, attempts=0).exists()
+
+
+def test_a_job_that_waits_for_another_with_a_timeout_may_wait():
+    other = jobs.record.using(queue="elsewhere").enqueue("other-timed")
+    waiter = jobs.wait_for_job.enqueue(other.id, 0.2)
+    run_worker()
+    failed = FailedJob.objects.get(job_id=waiter.id)
+    assert failed.exception_class.endswith("WaitTimeout"), failed.exception_class
+    # Once the other job has run, the same wait inside a job sees it finished.
+    run_worker(["elsewhere"])
+    again = jobs.wait_for_job.enqueue(other.id, 5)
+    run_worker()
+    assert Run.objects.get(key=f"waited-{other.id}").note == "succeeded"
+    assert not Job.objects.filter(pk=again.id).exists()
+
+
+def test_a_job_that_waits_for_itself_is_refused():
+    waiter = jobs.wait_for_itself.enqueue()
+    run_worker()
+    failed = FailedJob.objects.get(job_id=waiter.id)
+    assert "waits for itself: it would never finish" in failed.error
+
+
+def test_outside_a_job_no_job_is_current():
+    assert current_job() is None
