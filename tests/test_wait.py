@@ -11,6 +11,8 @@ import datetime as dt
 import time
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 
 from django_dbqueue import JobStatus, WaitTimeout
 from django_dbqueue.middleware import current_job
@@ -20,6 +22,12 @@ from tests.testapp import jobs
 from tests.testapp.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def close_async_connections() -> None:
+    """Close the connection of the thread ``sync_to_async`` ran the reads in (as an ASGI handler does
+    at a request's end), so the test database can be dropped."""
+    await sync_to_async(connections.close_all)()
 
 
 def test_wait_returns_once_a_worker_process_has_run_the_job_with_its_result(worker_process):
@@ -79,6 +87,7 @@ def test_wait_async_lets_the_event_loop_run_while_a_worker_runs_the_job(worker_p
             await handle.wait_async(timeout=60)
         finally:
             ticker.cancel()
+            await close_async_connections()
 
     asyncio.run(main())
     assert handle.status is JobStatus.SUCCEEDED and handle.result["x"] == 3
@@ -87,8 +96,15 @@ def test_wait_async_lets_the_event_loop_run_while_a_worker_runs_the_job(worker_p
 
 def test_wait_async_times_out_too():
     handle = jobs.record.enqueue("async-timeout")
+
+    async def main() -> None:
+        try:
+            await handle.wait_async(timeout=0.2)
+        finally:
+            await close_async_connections()
+
     with pytest.raises(WaitTimeout):
-        asyncio.run(handle.wait_async(timeout=0.2))
+        asyncio.run(main())
     assert Job.objects.filter(pk=handle.id, attempts=0).exists()
 
 
