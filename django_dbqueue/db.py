@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+import select
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -248,3 +249,73 @@ def cached_sql(build: Callable[[Any], str]) -> Callable[[Any], str]:
         return text
 
     return sql
+
+
+# What one NOTIFY may carry (PostgreSQL's limit is 8,000 bytes): ids are joined in chunks of this.
+NOTIFY_IDS = 400
+
+
+def notify_ids(using: str, channel: str, ids: Iterable[int]) -> None:
+    """Send ``ids`` on ``channel`` (PostgreSQL; nothing elsewhere), comma-separated, in the caller's
+    transaction: delivered when it commits, never if it rolls back."""
+    chosen = [str(int(pk)) for pk in ids]
+    connection = connections[using]
+    if not chosen or connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for start in range(0, len(chosen), NOTIFY_IDS):
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, ",".join(chosen[start : start + NOTIFY_IDS])])
+
+
+class IdListener:
+    """A connection of its own that LISTENs on ``channel`` for ``notify_ids`` (PostgreSQL through
+    psycopg 3); ``open`` is False elsewhere, or when it cannot listen: the caller polls then."""
+
+    def __init__(self, using: str, channel: str) -> None:
+        self.using, self.channel = using, channel
+        self.connection: Any = None
+
+    def open(self) -> bool:
+        if connections[self.using].vendor != "postgresql":
+            return False
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        if not is_psycopg3:
+            return False
+        connection = connections.create_connection(self.using)
+        try:
+            with connection.cursor() as cursor:
+                # The channel is ours, a fixed identifier (never a caller's text).
+                cursor.execute(f"LISTEN {self.channel}")
+        except DatabaseError:
+            connection.close()
+            return False
+        self.connection = connection
+        return True
+
+    def wait(self, seconds: float) -> set[int]:
+        """The ids notified within ``seconds`` (returns at the first notification); empty after the
+        time, or if the connection broke (then it stops listening: the caller polls)."""
+        if self.connection is None:
+            return set()
+        raw = self.connection.connection
+        try:
+            ready, _, _ = select.select([raw.pgconn.socket], [], [], max(0.0, seconds))
+            if not ready:
+                return set()
+            raw.pgconn.consume_input()
+            ids: set[int] = set()
+            while (notification := raw.pgconn.notifies()) is not None:
+                ids.update(int(part) for part in notification.extra.decode().split(",") if part.isdigit())
+            return ids
+        except Exception:  # noqa: BLE001 - a broken socket (the driver's own error): poll instead
+            self.close()
+            return set()
+
+    def close(self) -> None:
+        if self.connection is not None:
+            try:
+                self.connection.close()
+            except DatabaseError:
+                pass
+            self.connection = None

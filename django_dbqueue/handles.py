@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from asgiref.sync import sync_to_async
 
 from . import conf, lifecycle, payload, registry
-from .db import DbNow
+from .db import DbNow, IdListener, alias, notify_ids
 from .exceptions import WaitTimeout
 from .middleware import current_job
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
@@ -33,6 +33,8 @@ MAX_RETRIES_FOLLOWED = 100
 # ``wait`` reads the job again after this many seconds, doubling up to the last: a short job is
 # seen finished within about 10 ms, a long one costs a read per half second.
 WAIT_FIRST, WAIT_LONGEST = 0.01, 0.5
+# Where the end of a job that keeps its result is announced (PostgreSQL), for ``wait``.
+ENDED_CHANNEL = "dbqueue_ended"
 
 
 @dataclasses.dataclass(eq=False)
@@ -195,12 +197,22 @@ class JobHandle:
         slot (docs/howto/handles.md)."""
         deadline = self._wait_deadline(timeout)
         pause = WAIT_FIRST
-        while True:
-            self.refresh()
-            if self.finished:
-                return self
-            pause = self._next_pause(deadline, pause, timeout)
-            time.sleep(pause)
+        listener: IdListener | None = None
+        try:
+            while True:
+                self.refresh()
+                if self.finished:
+                    return self
+                if listener is None and keeps_result(self.name) and conf.get("LISTEN"):
+                    # Its end is announced: listen, then read once more (it may have ended meanwhile).
+                    listener = IdListener(conf.get("LISTEN_DATABASE") or alias(), ENDED_CHANNEL)
+                    if listener.open():
+                        continue
+                pause = self._next_pause(deadline, pause, timeout)
+                self._pause(listener, pause)
+        finally:
+            if listener is not None:
+                listener.close()
 
     async def wait_async(self, timeout: float | timedelta | None = None) -> JobHandle:
         """``wait`` for async code: ``await handle.wait_async(timeout=30)``; the event loop runs on
@@ -213,6 +225,16 @@ class JobHandle:
                 return self
             pause = self._next_pause(deadline, pause, timeout)
             await asyncio.sleep(pause)
+
+    def _pause(self, listener: IdListener | None, seconds: float) -> None:
+        """Sleep ``seconds``, or less if this job's end is announced meanwhile."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if listener is None or listener.connection is None:
+                time.sleep(left)
+                return
+            if {self.id, self.job_id} & listener.wait(left):
+                return
 
     def _wait_deadline(self, timeout: float | timedelta | None) -> float | None:
         """The monotonic time a wait ends; refuse the waits that cannot end well."""
@@ -318,6 +340,16 @@ def outcome_record(
     if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
         record.finished_at = DbNow()
     return record
+
+
+def save_records(records: Sequence[TaskResultRecord], using: str) -> None:
+    """Save the result store's rows after an attempt, in the outcome's transaction, and announce
+    the jobs they finish to ``JobHandle.wait`` (PostgreSQL: one NOTIFY, sent at commit)."""
+    for record in records:
+        record.save(using=using, force_insert=record._state.adding)
+    notify_ids(
+        using, ENDED_CHANNEL, [record.job_id for record in records if record.finished_at is not None and record.job_id]
+    )
 
 
 def prune_results(hours: float) -> int:

@@ -143,7 +143,7 @@ class Outages:
                 # The try that lost its connection may have committed before the reply was lost.
                 stored, failed_job = self.stored_by_earlier_try(job, outcome)
             if stored and record is not None:
-                record.save(using=alias(), force_insert=record._state.adding)
+                handles.save_records([record], alias())
             return stored
 
         def store() -> bool:
@@ -164,8 +164,7 @@ class Outages:
             tries += 1
             with transaction.atomic(using=alias()) if records else nullcontext():
                 deleted = lifecycle.delete_many([job for job, _ in done])
-                for pk in deleted & records.keys():
-                    records[pk].save(using=alias(), force_insert=records[pk]._state.adding)
+                handles.save_records([records[pk] for pk in sorted(deleted & records.keys())], alias())
             if tries > 1:
                 deleted |= {
                     job.pk

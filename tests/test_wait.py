@@ -12,9 +12,11 @@ import time
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import connection, connections
 
-from django_dbqueue import JobStatus, WaitTimeout
+from django_dbqueue import JobStatus, WaitTimeout, handles
+from django_dbqueue.db import IdListener, alias, notify_ids
+from django_dbqueue.handles import ENDED_CHANNEL
 from django_dbqueue.middleware import current_job
 from django_dbqueue.models import FailedJob, Job
 from tests.conftest import run_worker
@@ -142,3 +144,53 @@ def test_a_job_that_waits_for_itself_is_refused():
 
 def test_outside_a_job_no_job_is_current():
     assert current_job() is None
+
+
+needs_postgresql = pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="NOTIFY is PostgreSQL's; elsewhere a wait polls"
+)
+
+
+@needs_postgresql
+def test_the_end_of_a_job_that_keeps_its_result_is_announced_once_its_transaction_commits():
+    listener = IdListener(alias(), ENDED_CHANNEL)
+    assert listener.open()
+    try:
+        handle = jobs.keep_result.enqueue(1)
+        failing = jobs.keep_after_one_failure.using(tries=1).enqueue("ends-failed")
+        plain = jobs.record.enqueue("no-result")
+        run_worker()
+        heard: set[int] = set()
+        deadline = time.monotonic() + 10
+        while {handle.id, failing.id} - heard and time.monotonic() < deadline:
+            heard |= listener.wait(deadline - time.monotonic())
+        assert {handle.id, failing.id} <= heard
+        # A job that keeps no result writes nothing at its end: nothing is sent for it.
+        assert plain.id not in heard | listener.wait(0.2)
+    finally:
+        listener.close()
+
+
+@needs_postgresql
+def test_a_wait_for_a_job_that_keeps_its_result_is_woken_by_its_end_not_by_polling(worker_process, monkeypatch):
+    # Reads a minute apart: only the announcement can end this wait before its timeout.
+    monkeypatch.setattr(handles, "WAIT_FIRST", 60.0)
+    monkeypatch.setattr(handles, "WAIT_LONGEST", 60.0)
+    handle = jobs.keep_result.using(delay=1).enqueue(5)
+    worker_process("--sleep", "0.05")
+    started = time.monotonic()
+    handle.wait(timeout=30)
+    assert handle.status is JobStatus.SUCCEEDED and handle.result["x"] == 5
+    # Polling would have read it again only at the timeout (30 s): the announcement woke it.
+    assert time.monotonic() - started < 20
+    # The wait's own connection is closed again.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN dbqueue_ended%%'")
+        assert cursor.fetchone()[0] == 0
+
+
+def test_elsewhere_nothing_is_sent_and_a_wait_does_not_listen():
+    if connection.vendor == "postgresql":
+        pytest.skip("this is the other databases' behaviour")
+    assert not IdListener(alias(), ENDED_CHANNEL).open()
+    notify_ids(alias(), ENDED_CHANNEL, [1, 2])  # a no-op, no error
