@@ -29,6 +29,7 @@ from .models import Job
 from .progress import Tracker
 from .registry import Backoff, JobDefinition
 from .rows import chain_of
+from .running import running
 from .states import RunStatus
 
 logger = logging.getLogger("django_dbqueue")
@@ -249,7 +250,7 @@ def run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outcom
 
 def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outcome:
     definition = prepared.definition
-    token = middleware.running.set((prepared.job.pk, definition.name))
+    token = running.set((prepared.job.pk, definition.name))
     try:
         with timer.limit(prepared, prepared.timeout or defaults.timeout):
             stack = prepared.middleware()
@@ -261,7 +262,7 @@ def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outco
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the worker
         return outcome_of(prepared, exc, defaults)
     finally:
-        middleware.running.reset(token)
+        running.reset(token)
     return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
 
 
@@ -285,7 +286,7 @@ async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
     stack = middleware.for_loop(prepared.middleware())
     assert stack is not None
     # Each async job runs in an asyncio task of its own, in a copy of the context: set, never reset.
-    middleware.running.set((prepared.job.pk, definition.name))
+    running.set((prepared.job.pk, definition.name))
     try:
         async with asyncio.timeout(seconds or None) as deadline:
             try:

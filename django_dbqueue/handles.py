@@ -21,8 +21,8 @@ from asgiref.sync import sync_to_async
 from . import conf, lifecycle, payload, registry
 from .db import DbNow, IdListener, alias, notify_ids
 from .exceptions import WaitTimeout
-from .middleware import current_job
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
+from .running import current_job
 from .states import JobStatus
 
 if TYPE_CHECKING:

@@ -105,16 +105,6 @@ async def arun(stack: Sequence[Middleware], context: JobContext, call: Callable[
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("django_dbqueue_job", default=None)
 
 
-# The id and name of the job this thread (or asyncio task) runs, set by the worker for every job
-# (``log_context``'s context above is made only for a job with middleware).
-running: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar("django_dbqueue_running", default=None)
-
-
-def current_job() -> tuple[int, str] | None:
-    """The id and name of the job running here; None outside a job."""
-    return running.get()
-
-
 def log_context(context: JobContext, call_next: Callable[[], Any]) -> Any:
     """Make the running job's id, name and attempt visible to ``JobLogFilter``."""
     token = _current.set(context)

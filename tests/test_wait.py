@@ -17,8 +17,8 @@ from django.db import connection, connections
 from django_dbqueue import JobStatus, WaitTimeout, handles
 from django_dbqueue.db import IdListener, alias, notify_ids
 from django_dbqueue.handles import ENDED_CHANNEL
-from django_dbqueue.middleware import current_job
 from django_dbqueue.models import FailedJob, Job
+from django_dbqueue.running import current_job
 from tests.conftest import run_worker
 from tests.testapp import jobs
 from tests.testapp.models import Run
