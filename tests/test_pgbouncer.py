@@ -140,9 +140,15 @@ def test_workers_behind_pgbouncer_claim_beat_chain_report_progress_and_enqueue_i
 
         result = TaskResultRecord.objects.get(pk=printed["RESULT"])
         assert (result.status, result.return_value) == ("SUCCESSFUL", 5)
-    logs = "".join(worker.output() for worker in workers)
     # The 3 s job outlived a third of its 6 s lease: the heartbeat extended it through the pooler.
-    assert "job=tests.testapp.jobs.partition_step" in logs and "outcome=succeeded" in logs
+    # Its line is logged after its row's delete commits: wait for the line, not just the row.
+    wait_until(
+        lambda: "job=tests.testapp.jobs.partition_step" in "".join(worker.output() for worker in workers),
+        10,
+        f"the 3 s job's outcome was not logged:\n{workers[0].output()[-3000:]}",
+    )
+    logs = "".join(worker.output() for worker in workers)
+    assert "outcome=succeeded" in logs
     for trouble in ("reclaimed", "database error", "prepared statement", "heartbeat failed", "Traceback"):
         assert trouble not in logs, f"{trouble!r} in the workers' logs:\n{logs[-3000:]}"
 
