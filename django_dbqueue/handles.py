@@ -297,10 +297,18 @@ def encode_result(value: Any) -> tuple[Any, str | None]:
 TASKS_JOB = "django_dbqueue.run_task"
 
 
-def keeps_result(name: str) -> bool:
-    """Whether jobs named ``name`` keep their results: the job's ``results`` option, else ``DBQUEUE["RESULTS"]``."""
+# In the envelope of a job whose result another job reads (a workflow node's parent): kept whatever its options say.
+KEEP_RESULT = "keep_result"
+_KEEP_RESULT_TEXT = f'"{KEEP_RESULT}":true'
+
+
+def keeps_result(name: str, envelope_text: str = "") -> bool:
+    """Whether jobs named ``name`` keep their results: the job's ``results`` option, else
+    ``DBQUEUE["RESULTS"]``; always if its envelope (``envelope_text``) asks for it."""
     if name == TASKS_JOB:
         return False
+    if _KEEP_RESULT_TEXT in envelope_text:
+        return True
     definition = registry.find(name)
     chosen = definition.results if definition is not None else None
     return bool(conf.get("RESULTS") if chosen is None else chosen)

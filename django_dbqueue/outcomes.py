@@ -285,7 +285,7 @@ class Outcomes:
         self.average_run = duration if self.average_run is None else 0.8 * self.average_run + 0.2 * duration
         status = outcome.status
         record = None
-        if handles.keeps_result(job.name):
+        if handles.keeps_result(job.name, job.payload):
             record = handles.outcome_record(
                 job,
                 status={"succeeded": "succeeded", "failed": "failed"}.get(status, "waiting"),

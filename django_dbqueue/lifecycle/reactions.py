@@ -20,7 +20,7 @@ from django.db.models.functions import RowNumber
 
 from .. import insert
 from ..concurrency import limit_key
-from ..db import DbNow, alias, error_text
+from ..db import DbNow, alias, error_text, notify_ids
 from ..exceptions import PayloadError
 from ..models import FlowLimit, Job, JobBatch
 from ..rows import new_job
@@ -130,6 +130,9 @@ def sweep(using: str) -> int:
     return unblock(using, blocked.values_list("concurrency_key", flat=True).distinct())
 
 
+# Where a batch's end is announced (PostgreSQL, at commit), for ``BatchHandle.wait``.
+BATCH_ENDED_CHANNEL = "dbqueue_batch_ended"
+
 # The callback kinds, in the order they are enqueued when several fire at once.
 CALLBACKS = ("on_failure", "then", "on_finish")
 
@@ -200,6 +203,7 @@ def finish_batch(row: JobBatch, *, cancelled: bool, enqueue: bool = True) -> lis
     )  # fmt: skip
     send = functools.partial(batch_finished.send_robust, sender=JobBatch, batch_id=row.pk)
     transaction.on_commit(send, using=using, robust=True)
+    notify_ids(using, BATCH_ENDED_CHANNEL, [row.pk])
     if enqueue:
         _enqueue_callbacks(using, row, fire)
     return fire

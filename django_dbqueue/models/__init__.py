@@ -35,11 +35,12 @@ from .tables import (
     TaskResultRecord,
     UniqueWindow,
 )
+from .workflows import JobStep, NodeState, Workflow, WorkflowEdge, WorkflowNode
 
 __all__ = [
     "ANALYZE_AFTER", "BATCH_STATES", "CANCEL", "CANCELLED_CLASS", "CANCEL_HARD", "DB_NOW",
     "INVALID_ROW_CLASS", "JOB_RECORDS", "NO_CANCEL", "RETRIED", "STATUSES", "UNIQUE_INDEX",
-    "BatchState", "FailedJob", "FailedJobQuerySet", "FlowLimit", "Job", "JobBatch",
+    "BatchState", "FailedJob", "JobStep", "NodeState", "Workflow", "WorkflowEdge", "WorkflowNode", "FailedJobQuerySet", "FlowLimit", "Job", "JobBatch",
     "JobBatchQuerySet", "JobHistory", "JobProgress", "JobQuerySet", "JobStatus",
     "PausedQueue", "QueueControl", "QueueWorker", "ScheduleState", "State", "TaskResultRecord",
     "UniqueWindow", "check_rows", "record_id", "sql_names",

@@ -204,6 +204,8 @@ class Job(models.Model):
     rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     rate_limit = models.CharField(max_length=50, null=True, blank=True)  # noqa: DJ001
     batch_id = models.BigIntegerField(null=True, blank=True)
+    # Its workflow node (models.workflows); ``blocked`` while a parent has not ended.
+    node_id = models.BigIntegerField(null=True, blank=True)
 
     objects = JobManager()
 
@@ -277,8 +279,9 @@ class FailedJob(models.Model):
     error = models.TextField(help_text="The full traceback, or why the job could not run.")
     created_at = models.DateTimeField(help_text="When the job was first enqueued.")
     failed_at = models.DateTimeField()
-    # A retry puts the job back into this batch.
+    # A retry puts the job back into this batch, and this workflow node.
     batch_id = models.BigIntegerField(null=True, blank=True)
+    node_id = models.BigIntegerField(null=True, blank=True)
 
     objects = FailedJobManager()
 
