@@ -37,7 +37,8 @@ from .reactions import (
 from .retry import retry
 
 __all__ = [
-    "BATCH_ENDED_CHANNEL", "CALLBACKS", "REACTIONS", "cancel", "cancel_batch", "cancel_requests", "delete", "delete_many",
+    "BATCH_ENDED_CHANNEL", "CALLBACKS", "REACTIONS",
+    "cancel", "cancel_batch", "cancel_requests", "delete", "delete_many",
     "delete_unreserved", "delete_waiting", "extend", "extend_many", "fail", "finish_batch",
     "finished_by_members", "members_ended", "move_aside", "move_unreadable", "reclaim_expired", "reclaim_worker",
     "release", "retry", "run_now", "skip_member", "sweep", "unblock",

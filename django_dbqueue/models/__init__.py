@@ -40,8 +40,9 @@ from .workflows import JobStep, NodeState, Workflow, WorkflowEdge, WorkflowNode
 __all__ = [
     "ANALYZE_AFTER", "BATCH_STATES", "CANCEL", "CANCELLED_CLASS", "CANCEL_HARD", "DB_NOW",
     "INVALID_ROW_CLASS", "JOB_RECORDS", "NO_CANCEL", "RETRIED", "STATUSES", "UNIQUE_INDEX",
-    "BatchState", "FailedJob", "JobStep", "NodeState", "Workflow", "WorkflowEdge", "WorkflowNode", "FailedJobQuerySet", "FlowLimit", "Job", "JobBatch",
-    "JobBatchQuerySet", "JobHistory", "JobProgress", "JobQuerySet", "JobStatus",
-    "PausedQueue", "QueueControl", "QueueWorker", "ScheduleState", "State", "TaskResultRecord",
-    "UniqueWindow", "check_rows", "record_id", "sql_names",
+    "BatchState", "FailedJob", "FailedJobQuerySet", "FlowLimit", "Job", "JobBatch",
+    "JobBatchQuerySet", "JobHistory", "JobProgress", "JobQuerySet", "JobStatus", "JobStep",
+    "NodeState", "PausedQueue", "QueueControl", "QueueWorker", "ScheduleState", "State",
+    "TaskResultRecord", "UniqueWindow", "Workflow", "WorkflowEdge", "WorkflowNode", "check_rows",
+    "record_id", "sql_names",
 ]  # fmt: skip
