@@ -13,11 +13,12 @@ from .exceptions import (
     WaitTimeout,
 )
 from .registry import Exponential, JobCall, JobDefinition, job
-from .states import JobStatus
+from .states import JobStatus, WorkflowState
 
 if TYPE_CHECKING:  # loaded on first use, as the names of _LAZY (they import the models)
     from .context import JobContext
     from .enqueue import enqueue_many
+    from .workflows import CycleError, WorkflowBuilder, WorkflowHandle, enqueue_after, get_workflow, workflow
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic version).
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ _LAZY = {
         "pauses": ("pause_queue", "paused_queues", "resume_queue"),
         "progress": ("get_progress", "progress_token", "set_progress"),
         "schedules": ("periodic",),
+        "workflows": ("CycleError", "WorkflowBuilder", "WorkflowHandle", "enqueue_after", "get_workflow", "workflow"),
     }.items()
     for name in names
 }
@@ -44,6 +46,7 @@ __all__ = [
     "BatchClosed",
     "BatchHandle",
     "Chain",
+    "CycleError",
     "Exponential",
     "JobCall",
     "JobCancelled",
@@ -58,13 +61,18 @@ __all__ = [
     "Snooze",
     "UnknownQueue",
     "WaitTimeout",
+    "WorkflowBuilder",
+    "WorkflowHandle",
+    "WorkflowState",
     "aget_job",
     "batch",
     "chain",
+    "enqueue_after",
     "enqueue_many",
     "get_batch",
     "get_job",
     "get_progress",
+    "get_workflow",
     "job",
     "pause_queue",
     "paused_queues",
@@ -72,6 +80,7 @@ __all__ = [
     "progress_token",
     "resume_queue",
     "set_progress",
+    "workflow",
 ]
 
 

@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple, cast, overload
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, OperationalError, connections, transaction
 
-from . import conf, db, signals, tracing
+from . import conf, db, signals, tracing, workflows
 from .handles import JobHandle
 from .insert import (
     Held,
@@ -65,8 +65,10 @@ def immediate() -> bool:
     return bool(conf.get("IMMEDIATE"))
 
 
-def enqueue_call(call: JobCall) -> Handle:
+def enqueue_call(call: JobCall, *, depends_on: Sequence[Any] = ()) -> Handle:
     """``JobCall.enqueue``: store the call (and what follows it) and return its handle."""
+    if depends_on:
+        return workflows.enqueue_after(depends_on, call)
     plain = None
     if not call.callbacks and call.failure_callback is None and not (tracing.enabled and tracing.carries()):
         plain = None if immediate() else Plain.cached(call.definition)

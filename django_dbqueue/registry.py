@@ -261,12 +261,13 @@ class JobCall:
         """Return this call with a job to enqueue if it fails for good."""
         return dataclasses.replace(self, failure_callback=call)
 
-    def enqueue(self) -> Handle:
-        """Store this call (and what follows it); a unique job whose key is held stores nothing (docs/unique.md)."""
+    def enqueue(self, *, depends_on: Sequence[Any] = ()) -> Handle:
+        """Store this call (and what follows it); a unique job whose key is held stores nothing (docs/unique.md).
+        ``depends_on``: handles (or ids) of jobs that must succeed first (``workflows.enqueue_after``)."""
         # The one upward call: enqueueing needs the models, which ``@job`` must not import.
         from .enqueue import enqueue_call
 
-        return enqueue_call(self)
+        return enqueue_call(self, depends_on=depends_on)
 
     async def aenqueue(self) -> Handle:
         handle: Handle = await sync_to_async(self.enqueue)()

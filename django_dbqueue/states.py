@@ -3,6 +3,7 @@
 ``State``: where a job row is (the admin's filter, the commands, ``JobQuerySet.in_state``);
 ``JobStatus``: where a job is as its caller follows it (``JobHandle``), its row's ``State``
 read through ``State.status`` until the row is gone; ``BatchState``: where a batch is;
+``WorkflowState``: where a workflow is (from its nodes' ``NodeState``, models.workflows);
 ``Ended``: how a run or a reservation ended, as the worker records it and the reactions are told.
 Plain enums: importing this module imports no model.
 """
@@ -35,7 +36,7 @@ class State(TextChoices):
 
     WAITING = "waiting", "waiting"
     DELAYED = "delayed", "delayed"
-    BLOCKED = "blocked", "blocked"  # waiting for a free slot of its concurrency key
+    BLOCKED = "blocked", "blocked"  # waiting for a free slot of its concurrency key, or for its parents
     RESERVED = "reserved", "reserved"
     EXPIRED = "expired", "reservation expired"  # reserved past its retry_after: to be reclaimed
 
@@ -61,6 +62,16 @@ class BatchState(TextChoices):
     FINISHED = "finished", "finished"
     FAILED = "failed", "failed (finished, some members failed)"
     CANCELLING = "cancelling", "cancelling (members still running)"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class WorkflowState(TextChoices):
+    """Where a workflow is, from its nodes: ``failed``: every node ended, some failed or were cancelled."""
+
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed (finished, some nodes failed or were cancelled)"
+    CANCELLING = "cancelling", "cancelling (nodes still running)"
     CANCELLED = "cancelled", "cancelled"
 
 

@@ -115,7 +115,7 @@ def finish_and_reserve(
         or not queues
         or queues[0] in paused(using)
         or uses_flow_claim(queues[0])
-        or any(job.concurrency_key for job in done)
+        or any(job.concurrency_key or job.node_id for job in done)
     ):
         return delete_many(done), more()
     walk = plain.walks(queues[0])

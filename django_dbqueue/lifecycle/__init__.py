@@ -24,6 +24,8 @@ from .changes import (
     run_now,
     skip_member,
 )
+from .dependencies import cancel_workflow, release_children
+from .failed import cancel_unstarted
 from .reactions import (
     BATCH_ENDED_CHANNEL,
     CALLBACKS,
@@ -37,9 +39,33 @@ from .reactions import (
 from .retry import retry
 
 __all__ = [
-    "BATCH_ENDED_CHANNEL", "CALLBACKS", "REACTIONS",
-    "cancel", "cancel_batch", "cancel_requests", "delete", "delete_many",
-    "delete_unreserved", "delete_waiting", "extend", "extend_many", "fail", "finish_batch",
-    "finished_by_members", "members_ended", "move_aside", "move_unreadable", "reclaim_expired", "reclaim_worker",
-    "release", "retry", "run_now", "skip_member", "sweep", "unblock",
+    "BATCH_ENDED_CHANNEL",
+    "CALLBACKS",
+    "REACTIONS",
+    "cancel",
+    "cancel_batch",
+    "cancel_requests",
+    "cancel_unstarted",
+    "cancel_workflow",
+    "delete",
+    "delete_many",
+    "delete_unreserved",
+    "delete_waiting",
+    "extend",
+    "extend_many",
+    "fail",
+    "finish_batch",
+    "finished_by_members",
+    "members_ended",
+    "move_aside",
+    "move_unreadable",
+    "reclaim_expired",
+    "reclaim_worker",
+    "release",
+    "release_children",
+    "retry",
+    "run_now",
+    "skip_member",
+    "sweep",
+    "unblock",
 ]  # fmt: skip

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Greatest
 
 from .. import conf, insert
@@ -31,7 +31,7 @@ from ..models import (
 )
 from ..rows import follow_ups
 from ..signals import job_cancelled
-from ..validation import NULLABLE_BOUNDS, ROW_BOUNDS, row_error
+from .failed import failed_values, gone
 from .reactions import CANCELLED, FAILED, RELEASED, SUCCEEDED, members_ended, react, reacts
 
 logger = logging.getLogger("django_dbqueue")
@@ -169,7 +169,7 @@ def fail(
         if follow_ups:
             insert.bulk_enqueue(follow_ups, queryset.db)
         failed = FailedJob.objects.using(queryset.db).create(
-            **_failed_values(job), exception_class=exception_class[:255], error=error, failed_at=DbNow()
+            **failed_values(job), exception_class=exception_class[:255], error=error, failed_at=DbNow()
         )
         read_back(failed, "failed_at")
         react(queryset.db, {FAILED: [job]})
@@ -211,7 +211,7 @@ def cancel_requests(jobs: Sequence[Job]) -> dict[int, int]:
 # The columns a reclaim reads of an expired reservation (the rest only for a row it fails).
 _LEASE_FIELDS = (
     "id", "queue", "name", "attempts", "given_back", "max_tries", "retry_after", "reserved_at",
-    "reserved_by", "concurrency_key", "batch_id",
+    "reserved_by", "concurrency_key", "batch_id", "node_id",
 )  # fmt: skip
 
 
@@ -308,7 +308,7 @@ def move_aside(job: Job, *, reason: str, using: str | None = None) -> bool:
         if not queryset.held(full).delete_now():
             return False
         failed = FailedJob.objects.using(queryset.db).create(
-            **_failed_values(full), exception_class=INVALID_ROW_CLASS, error=error, failed_at=DbNow()
+            **failed_values(full), exception_class=INVALID_ROW_CLASS, error=error, failed_at=DbNow()
         )
     logger.error(
         "job moved aside job=%s id=%s queue=%s failed_id=%s reason=%s",
@@ -337,38 +337,7 @@ def move_unreadable(pk: int, *, reason: str, using: str | None = None) -> bool:
     return True
 
 
-def _failed_values(job: Job) -> dict[str, Any]:
-    """The ``FailedJob`` columns of ``job``, brought within the job table's bounds (a row written
-    past them must still move)."""
-    values = {
-        "job_id": job.pk, "batch_id": job.batch_id, "queue": job.queue, "name": job.name,
-        "payload": job.payload, "created_at": job.created_at, "priority": job.priority,
-        "max_tries": job.max_tries, "retry_after": job.retry_after, "timeout": job.timeout,
-        "attempts": job.attempts,
-    }  # fmt: skip
-    if row_error(values) is None:
-        return values
-    for column, (low, high) in ROW_BOUNDS.items():
-        value = values.get(column)
-        if column not in values or (value is None and column in NULLABLE_BOUNDS):
-            continue
-        value = value if isinstance(value, int) else low
-        values[column] = max(low, value) if high is None else min(high, max(low, value))
-    return values
-
-
 # -- operators' changes of rows nobody holds --------------------------------------------
-
-
-def _gone(rows: list[Job]) -> list[Job]:
-    """The rows among ``rows`` that are gone (on SQLite, with no row locks, a worker may have claimed one)."""
-    ids = [row.pk for row in rows]
-    kept = {
-        pk
-        for start in range(0, len(ids), 900)
-        for pk in Job.objects.filter(pk__in=ids[start : start + 900]).values_list("pk", flat=True)
-    }
-    return [row for row in rows if row.pk not in kept]
 
 
 def delete_unreserved(ids: Sequence[int]) -> list[Job]:
@@ -378,14 +347,14 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
         rows = list(
             Job.objects.filter(pk__in=ids, reserved_at__isnull=True)
             .select_for_update()
-            .only("id", "name", "batch_id")
+            .only("id", "name", "batch_id", "node_id")
             .order_by()
         )
         if not rows:
             return []
         unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)
         if unreserved.delete_now() != len(rows):
-            rows = _gone(rows)
+            rows = gone(rows)
         react(alias(), {CANCELLED: rows})
     return rows
 
@@ -395,10 +364,15 @@ def delete_waiting(queue: str, last_id: int) -> int:
     jobs = Job.objects.filter(queue=queue, reserved_at__isnull=True, id__lte=last_id)
     # Locked: a delete signal receiver makes Django select the rows before it deletes them by id.
     with transaction.atomic(using=alias()):
-        members = list(jobs.filter(batch_id__isnull=False).select_for_update().only("id", "batch_id").order_by())
+        members = list(
+            jobs.filter(Q(batch_id__isnull=False) | Q(node_id__isnull=False))
+            .select_for_update()
+            .only("id", "batch_id", "node_id")
+            .order_by()
+        )
         deleted, _ = jobs.select_for_update().delete()
         if members:
-            react(alias(), {CANCELLED: _gone(members)})
+            react(alias(), {CANCELLED: gone(members)})
     return deleted
 
 

@@ -1,7 +1,8 @@
 """What features do when job rows end: ``REACTIONS``, the one subscription point of the lifecycle.
 
 Each pairs a job column with a function run in the transaction that ended (or brought back)
-rows carrying it: free concurrency slots, move batch counters and enqueue their callbacks.
+rows carrying it: free concurrency slots, move batch counters and enqueue their callbacks,
+release or cancel the workflow nodes after a node (``dependencies``).
 Rows that carry none of the columns pay nothing more than the change itself.
 """
 
@@ -15,17 +16,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, F, Window
+from django.db.models import Count, Exists, F, OuterRef, Window
 from django.db.models.functions import RowNumber
 
 from .. import insert
 from ..concurrency import limit_key
 from ..db import DbNow, alias, error_text, notify_ids
 from ..exceptions import PayloadError
-from ..models import FlowLimit, Job, JobBatch
+from ..models import FlowLimit, Job, JobBatch, WorkflowEdge
 from ..rows import new_job
 from ..signals import batch_finished
 from ..states import Ended
+from . import dependencies
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -70,6 +72,7 @@ def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[
 REACTIONS: tuple[tuple[str, frozenset[str], Reaction], ...] = (
     ("concurrency_key", frozenset({SUCCEEDED, FAILED, RELEASED}), _free_slots),
     ("batch_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK, LEFT}), _count_members),
+    ("node_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK}), dependencies.nodes_ended),
 )
 
 
@@ -107,6 +110,8 @@ def unblock(using: str, keys: Iterable[str | None]) -> int:
         FlowLimit.objects.db_manager(using).lock([limit_key(key) for key in named])
         held = running(using, named)
         blocked = Job.objects.using(using).filter(concurrency_key__in=named, blocked=True)
+        # Rows waiting for their workflow parents are not the key's to unblock.
+        blocked = blocked.exclude(Exists(WorkflowEdge.objects.filter(child_id=OuterRef("node_id"), done=False)))
         limits = dict(blocked.order_by().values_list("concurrency_key", "concurrency_limit").distinct())
         free = {key: (limit or 1) - held.get(key, 0) for key, limit in limits.items() if key}
         free = {key: count for key, count in free.items() if count > 0}
@@ -125,9 +130,10 @@ def unblock(using: str, keys: Iterable[str | None]) -> int:
 
 
 def sweep(using: str) -> int:
-    """Unblock the rows of every blocked key with free slots (idle workers, in case a limit was raised)."""
+    """Unblock the rows of every blocked key with free slots (idle workers, in case a limit was raised),
+    and the workflow nodes whose release was missed (``dependencies.sweep``)."""
     blocked = Job.objects.using(using).filter(concurrency_key__isnull=False, blocked=True).order_by()
-    return unblock(using, blocked.values_list("concurrency_key", flat=True).distinct())
+    return unblock(using, blocked.values_list("concurrency_key", flat=True).distinct()) + dependencies.sweep(using)
 
 
 # Where a batch's end is announced (PostgreSQL, at commit), for ``BatchHandle.wait``.

@@ -34,7 +34,7 @@ def retry(failed_jobs: QuerySet[FailedJob]) -> list[Job]:
                 queue=row.queue, name=row.name, payload=row.payload, priority=row.priority,
                 max_tries=row.max_tries, retry_after=row.retry_after, timeout=row.timeout,
                 available_at=DbNow(), created_at=DbNow(),
-                batch_id=None if row.batch_id in outside else row.batch_id,
+                batch_id=None if row.batch_id in outside else row.batch_id, node_id=row.node_id,
                 **_flow_columns(row.payload),
             )
             for row in failed
@@ -47,10 +47,11 @@ def retry(failed_jobs: QuerySet[FailedJob]) -> list[Job]:
         else:
             jobs = insert.bulk_enqueue(rows, using)
         FailedJob.objects.using(using).filter(pk__in=[row.pk for row in failed]).delete()
+        # Told of the new rows (a member of a cancelled batch has none there): their ids, batches and nodes.
         react(
             using,
             {
-                RETRIED_BACK: [row for row in failed if row.batch_id not in outside],
+                RETRIED_BACK: [job for job in jobs if job.pk is not None],
                 LEFT: [row for row in failed if row.batch_id in outside],
             },
         )

@@ -68,6 +68,7 @@ class Migration(migrations.Migration):
                 ('pass_results', models.BooleanField(default=False)),
                 ('error', models.TextField(blank=True, default='')),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ('adopted', models.BooleanField(default=False)),
                 ('workflow', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='nodes', to='django_dbqueue.workflow')),
             ],
             options={
@@ -93,6 +94,10 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name='workflownode',
             index=models.Index(fields=['job_id'], name='dbqueue_node_job'),
+        ),
+        migrations.AddIndex(
+            model_name='workflownode',
+            index=models.Index(fields=['adopted', 'state'], name='dbqueue_node_adopted'),
         ),
         migrations.AddConstraint(
             model_name='workflownode',

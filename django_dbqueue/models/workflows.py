@@ -58,6 +58,9 @@ class WorkflowNode(models.Model):
     # Why it failed or was cancelled: the error's last line.
     error = models.TextField(blank=True, default="")
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A job a dependent was attached to while a worker held it (``depends_on``): that worker does
+    # not know it is a node, so its end is found by ``lifecycle.dependencies.sweep``.
+    adopted = models.BooleanField(default=False)
 
     objects = QueueDatabaseManager()
 
@@ -66,7 +69,10 @@ class WorkflowNode(models.Model):
         verbose_name = "workflow node"
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="dbqueue_node_name")]
-        indexes = [models.Index(fields=["job_id"], name="dbqueue_node_job")]
+        indexes = [
+            models.Index(fields=["job_id"], name="dbqueue_node_job"),
+            models.Index(fields=["adopted", "state"], name="dbqueue_node_adopted"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.job_name})"

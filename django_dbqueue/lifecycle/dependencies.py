@@ -1,0 +1,221 @@
+"""Dependencies between jobs: what a workflow node's end does to the nodes after it.
+
+A node's job row is ``blocked`` while one of its edges is not ``done``. When nodes succeed
+(``nodes_ended``, a reaction), their edges are marked done and the children left with none
+undone are unblocked: two statements per transaction of ended parents, never one row
+that every parent updates. Two parents ending at once in separate transactions may each see
+the other's edge undone, so the release is tried again after the commit (the last commit sees
+every edge) and, for a process killed between the two, by ``sweep``. A node that fails for
+good, or is cancelled, cancels the nodes below it that have not started, unless an edge says
+``run_anyway``. A retry from ``FailedJob`` brings a node back and its children wait again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Greatest
+
+from ..db import DbNow
+from ..models import CANCEL, CANCELLED_CLASS, FailedJob, Job, NodeState, Workflow, WorkflowEdge, WorkflowNode
+from ..states import Ended
+from .failed import cancel_unstarted
+
+logger = logging.getLogger("django_dbqueue")
+
+PENDING = NodeState.PENDING
+
+
+def _undone() -> Exists:
+    """True for a node (the outer row) with an edge not done."""
+    return Exists(WorkflowEdge.objects.filter(child_id=OuterRef("pk"), done=False))
+
+
+def nodes_ended(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) -> None:
+    """Workflow nodes' jobs ended (or came back): release, cancel or hold back the nodes after them."""
+    succeeded = sorted({row.node_id for row in ended.get(Ended.SUCCEEDED, ())})
+    if succeeded:
+        _succeeded(using, succeeded)
+    stopped = [*ended.get(Ended.FAILED, ()), *ended.get(Ended.CANCELLED, ())]
+    if stopped:
+        _stopped(using, stopped)
+    back = ended.get(Ended.RETRIED, ())
+    if back:
+        _retried(using, back)
+
+
+def _succeeded(using: str, node_ids: Sequence[int]) -> None:
+    WorkflowNode.objects.using(using).filter(pk__in=node_ids).update(state=NodeState.SUCCEEDED, finished_at=DbNow())
+    marked = WorkflowEdge.objects.using(using).filter(parent_id__in=node_ids, done=False).update(done=True)
+    if marked and release_children(using, node_ids) < marked:
+        # A child still waits: for another parent, or for one ending now in another transaction.
+        transaction.on_commit(functools.partial(release_children, using, node_ids), using=using, robust=True)
+
+
+def release_children(using: str, parent_ids: Iterable[int]) -> int:
+    """Unblock the job rows of the children of ``parent_ids`` whose edges are all done; return how many.
+    Safe to repeat: a row already unblocked, running or gone is left alone."""
+    ready = (
+        WorkflowNode.objects.using(using)
+        .filter(parent_edges__parent_id__in=list(parent_ids), state=PENDING, job_id__isnull=False)
+        .filter(~_undone())
+        .values("job_id")
+    )
+    return Job.objects.using(using).filter(pk__in=ready, blocked=True, reserved_at__isnull=True).update(blocked=False)
+
+
+def _stopped(using: str, rows: Sequence[Any]) -> None:
+    """Nodes whose jobs failed for good or were cancelled: record why, then cancel what they held back."""
+    jobs = {row.pk: row.node_id for row in rows}
+    found = (
+        FailedJob.objects.using(using).filter(job_id__in=list(jobs)).values_list("job_id", "exception_class", "error")
+    )
+    reasons = {pk: (exception_class, error) for pk, exception_class, error in found}
+    for pk, node_id in jobs.items():
+        exception_class, error = reasons.get(pk, ("", ""))
+        state = NodeState.CANCELLED if exception_class == CANCELLED_CLASS else NodeState.FAILED
+        WorkflowNode.objects.using(using).filter(pk=node_id, state=PENDING).update(
+            state=state, error=_last_line(error), finished_at=DbNow()
+        )
+    cancel_below(using, sorted(set(jobs.values())))
+
+
+def cancel_below(using: str, node_ids: Sequence[int], *, everything: bool = False) -> int:
+    """Cancel the pending nodes that wait for ``node_ids`` (which ended badly), level by level, except
+    across ``run_anyway`` edges (unless ``everything``), whose children may run now; return how many."""
+    names = dict(WorkflowNode.objects.using(using).filter(pk__in=node_ids).values_list("pk", "name"))
+    frontier, cancelled, anyway = list(node_ids), 0, []
+    while frontier:
+        edges = list(
+            WorkflowEdge.objects.using(using)
+            .filter(parent_id__in=frontier, child__state=PENDING)
+            .values_list("parent_id", "child_id", "run_anyway", "child__job_id")
+        )
+        if not everything:
+            spared = {(parent, child) for parent, child, run_anyway, _ in edges if run_anyway}
+            if spared:
+                WorkflowEdge.objects.using(using).filter(
+                    parent_id__in={parent for parent, _ in spared}, run_anyway=True, done=False
+                ).update(done=True)
+                anyway += [parent for parent, _ in spared]
+        doomed: dict[int, tuple[int | None, int]] = {}
+        for parent, child, run_anyway, job_id in edges:
+            if everything or not run_anyway:
+                doomed.setdefault(child, (job_id, parent))
+        if not doomed:
+            break
+        because: dict[int, str] = {
+            job_id: names.get(parent, str(parent)) for job_id, parent in doomed.values() if job_id
+        }
+
+        def error(job: Job, because: dict[int, str] = because) -> str:
+            return (
+                f"{job.name} (job {job.pk}) was cancelled before it ran: "
+                f"its parent {because.get(job.pk, '?')!r} did not succeed."
+            )
+
+        moved = cancel_unstarted([job_id for job_id, _ in doomed.values() if job_id], error, using)
+        # A child running already (only across a cancelled workflow): asked to stop.
+        Job.objects.using(using).filter(
+            pk__in=[job_id for job_id, _ in doomed.values() if job_id], reserved_at__isnull=False
+        ).update(cancel=Greatest(F("cancel"), CANCEL))
+        WorkflowNode.objects.using(using).filter(pk__in=list(doomed), state=PENDING).update(
+            state=NodeState.CANCELLED,
+            error="cancelled: a node before it did not succeed",
+            finished_at=DbNow(),
+        )
+        cancelled += len(moved)
+        names.update(WorkflowNode.objects.using(using).filter(pk__in=list(doomed)).values_list("pk", "name"))
+        frontier = list(doomed)
+    if anyway:
+        release_children(using, anyway)
+        transaction.on_commit(functools.partial(release_children, using, anyway), using=using, robust=True)
+    return cancelled
+
+
+def _retried(using: str, jobs: Sequence[Job]) -> None:
+    """Nodes retried from ``FailedJob`` (``jobs``: their new rows): pending again, and their children wait for them."""
+    for job in jobs:
+        WorkflowNode.objects.using(using).filter(pk=job.node_id).update(
+            state=PENDING, job_id=job.pk, error="", finished_at=None
+        )
+    node_ids = sorted({job.node_id for job in jobs if job.node_id is not None})
+    WorkflowEdge.objects.using(using).filter(parent_id__in=node_ids).update(done=False)
+    # A parent that ended badly and is not retried with it: the operator chose to run the node anyway.
+    WorkflowEdge.objects.using(using).filter(child_id__in=node_ids, done=False).exclude(parent__state=PENDING).exclude(
+        parent__state=NodeState.SUCCEEDED
+    ).update(done=True)
+    waiting = WorkflowNode.objects.using(using).filter(pk__in=node_ids).filter(_undone()).values("job_id")
+    Job.objects.using(using).filter(pk__in=waiting, reserved_at__isnull=True).update(blocked=True)
+
+
+def cancel_workflow(workflow_id: int, using: str) -> int | None:
+    """Mark a workflow cancelled and cancel its nodes that have not started (those running are asked
+    to stop); return how many were cancelled, or None if it was cancelled already."""
+    with transaction.atomic(using=using):
+        if (
+            not Workflow.objects.using(using)
+            .filter(pk=workflow_id, cancelled_at__isnull=True)
+            .update(cancelled_at=DbNow())
+        ):
+            return None
+        nodes = dict(
+            WorkflowNode.objects.using(using).filter(workflow_id=workflow_id, state=PENDING).values_list("job_id", "pk")
+        )
+        moved = cancel_unstarted(
+            [pk for pk in nodes if pk is not None],
+            lambda job: f"{job.name} (job {job.pk}) was cancelled before it ran: its workflow was cancelled.",
+            using,
+        )
+        WorkflowNode.objects.using(using).filter(pk__in=[nodes[row.pk] for row in moved]).update(
+            state=NodeState.CANCELLED, error="cancelled: the workflow was cancelled", finished_at=DbNow()
+        )
+        Job.objects.using(using).filter(pk__in=[pk for pk in nodes if pk], reserved_at__isnull=False).update(
+            cancel=Greatest(F("cancel"), CANCEL)
+        )
+    logger.info("workflow cancelled id=%s nodes_cancelled=%s", workflow_id, len(moved))
+    return len(moved)
+
+
+def sweep(using: str) -> int:
+    """Release the nodes a lost recheck left blocked, and end the nodes whose jobs ended unseen (a
+    job adopted while running); return how many rows changed. Idle workers call it now and then."""
+    changed = 0
+    adopted = list(
+        WorkflowNode.objects.using(using)
+        .filter(adopted=True, state=PENDING, job_id__isnull=False)
+        .filter(~Exists(Job.objects.filter(pk=OuterRef("job_id"))))
+        .values_list("pk", "job_id")
+    )
+    if adopted:
+        failed = set(
+            FailedJob.objects.using(using).filter(job_id__in=[pk for _, pk in adopted]).values_list("job_id", flat=True)
+        )
+        with transaction.atomic(using=using):
+            gone_well = [node for node, job in adopted if job not in failed]
+            if gone_well:
+                _succeeded(using, gone_well)
+            stopped = [Job(pk=job, node_id=node) for node, job in adopted if job in failed]
+            if stopped:
+                _stopped(using, stopped)
+        changed += len(adopted)
+    ready = (
+        WorkflowNode.objects.using(using)
+        .filter(state=PENDING, job_id__isnull=False)
+        .filter(~_undone(), Q(parent_edges__isnull=False))
+        .values("job_id")
+    )
+    changed += (
+        Job.objects.using(using).filter(pk__in=ready, blocked=True, reserved_at__isnull=True).update(blocked=False)
+    )
+    return changed
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1][:1000] if lines else ""
