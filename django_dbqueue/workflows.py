@@ -70,11 +70,18 @@ class Node:
     pass_results: bool = False
 
 
-def _as_call(item: JobCall | JobDefinition[..., Any], pass_results: bool) -> JobCall:
+def _as_call(
+    item: JobCall | JobDefinition[..., Any],
+    pass_results: bool,
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> JobCall:
     if isinstance(item, JobDefinition):
-        # Unbound: its parameters may be the results alone (checked below with them).
-        call = JobCall(item, (), {})
+        # Not bound: its arguments are checked below with the results it will get.
+        call = JobCall(item, tuple(args), dict(kwargs or {}))
     elif isinstance(item, JobCall):
+        if args or kwargs:
+            raise TypeError(f"{item.definition.name}: pass arguments to bind(...) or to add(...), not to both")
         call = item
     else:
         raise TypeError(f"a workflow node must be a job call such as my_job.bind(...), not {item!r}")
@@ -107,16 +114,20 @@ class WorkflowBuilder:
         self,
         name: str,
         call: JobCall | JobDefinition[..., Any],
-        *,
+        /,
+        *args: Any,
         after: Iterable[str] = (),
         run_anyway: Iterable[str] = (),
         pass_results: bool = False,
+        **kwargs: Any,
     ) -> str:
         """Add a node that runs ``call`` once the nodes named in ``after`` succeeded; return its name.
 
-        ``run_anyway``: parents (among ``after``) whose failure or cancel does not cancel this node.
-        ``pass_results``: call it with ``results={parent name: result}`` (its parents keep their results).
-        A name in ``after`` may be added later; ``enqueue`` refuses a name never added, and a cycle.
+        ``call``: ``my_job.bind(...)``, or ``my_job`` with its arguments after it (the form for a job
+        whose ``results`` parameter has no default). ``run_anyway``: parents (among ``after``) whose
+        failure or cancel does not cancel this node. ``pass_results``: call it with
+        ``results={parent name: result}`` (its parents keep their results). A name in ``after`` may
+        be added later; ``enqueue`` refuses a name never added, and a cycle.
         """
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"a node's name is text of 1 to 200 characters, not {name!r}")
@@ -132,7 +143,7 @@ class WorkflowBuilder:
             )
         if pass_results and not parents:
             raise ValueError(f"node {name!r} passes results but runs after no node")
-        self.nodes[name] = Node(name, _as_call(call, pass_results), parents, anyway, pass_results)
+        self.nodes[name] = Node(name, _as_call(call, pass_results, args, kwargs), parents, anyway, pass_results)
         return name
 
     def order(self) -> list[Node]:
@@ -263,7 +274,9 @@ def enqueue_after(
     pass_results: bool = False,
 ) -> JobHandle:
     """Enqueue ``call`` to run once every job of ``parents`` (handles, or job ids) succeeded; return its
-    handle. ``run_anyway``: once they ended, whichever way. A parent that failed already cancels it at once."""
+    handle. ``run_anyway``: once they ended, whichever way. A parent that failed already cancels it at
+    once. ``pass_results``: call it with ``results={"job <id>": result}``; a parent that started before
+    this call passes its result only if it keeps results (``@job(results=True)``)."""
     ids = [int(getattr(parent, "job_id", None) or getattr(parent, "id", parent)) for parent in parents]
     if not ids:
         raise ValueError("enqueue_after needs at least one job to run after")
@@ -276,7 +289,7 @@ def enqueue_after(
         row = Workflow(name=f"after {', '.join(map(str, ids))}"[:200], created_at=DbNow())
         row.save(force_insert=True, using=using)
         read_back(row, "created_at")
-        parent_nodes = [_adopt(using, row, pk) for pk in ids]
+        parent_nodes = [_adopt(using, row, pk, keep=pass_results) for pk in ids]
         nodes = {**dict(zip(after, parent_nodes, strict=True)), **_store_nodes(using, row, [child])}
         _store_jobs(using, nodes, [child])
         WorkflowEdge.objects.using(using).bulk_create(
@@ -296,16 +309,21 @@ def enqueue_after(
     return JobHandle.get(job_id)
 
 
-def _adopt(using: str, row: Workflow, job_id: int) -> WorkflowNode:
+def _adopt(using: str, row: Workflow, job_id: int, *, keep: bool = False) -> WorkflowNode:
     """The node of job ``job_id``: its own if it is one; else a node of ``row`` made for it, its
-    row marked (an ended job's node is made ended)."""
+    row marked (an ended job's node is made ended). ``keep``: a job not started keeps its result."""
     job = (
         Job.objects.using(using)
         .filter(pk=job_id)
         .select_for_update()
-        .only("id", "name", "node_id", "reserved_at")
+        .only("id", "name", "node_id", "reserved_at", "payload")
         .first()
     )
+    if job is not None and keep and job.reserved_at is None:
+        envelope = payload.raw(job.payload)
+        if not envelope.get(KEEP_RESULT):
+            envelope[KEEP_RESULT] = True
+            Job.objects.using(using).filter(pk=job.pk, reserved_at__isnull=True).update(payload=payload.dumps(envelope))
     if job is not None and job.node_id is not None:
         own: WorkflowNode | None = WorkflowNode.objects.using(using).filter(pk=job.node_id).first()
         if own is not None:

@@ -649,3 +649,5 @@ def wait_for_itself(context: JobContext) -> None:
     from django_dbqueue import get_job
 
     get_job(context.job_id).wait(5)
+
+from .workflow_jobs import add_up, node, slow_node  # noqa: E402, F401  (registered with the others)

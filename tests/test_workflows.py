@@ -1,0 +1,207 @@
+"""Workflows: dependencies, results passed on, failure below a node, cancel, retry, with a worker in this process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import transaction
+
+from django_dbqueue import CycleError, WaitTimeout, WorkflowState, enqueue_after, get_workflow, workflow
+from django_dbqueue.models import FailedJob, Job, NodeState, Workflow, WorkflowEdge, WorkflowNode
+from tests.conftest import run_worker
+from tests.testapp import workflow_jobs as jobs
+from tests.testapp.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def ran() -> set[str]:
+    return set(Run.objects.values_list("key", flat=True))
+
+
+def note(key: str) -> object:
+    return json.loads(Run.objects.get(key=key).note)
+
+
+def diamond(name: str = "diamond"):
+    wf = workflow(name)
+    wf.add("a", jobs.node.bind("a", value=1))
+    wf.add("b", jobs.add_up, "b", after=["a"], pass_results=True)
+    wf.add("c", jobs.node.bind("c", value=100), after=["a"])
+    wf.add("d", jobs.node.bind("d"), after=["b", "c"], pass_results=True)
+    return wf
+
+
+def test_a_diamond_runs_each_node_once_after_its_parents_and_d_receives_b_and_c_results():
+    handle = diamond().enqueue()
+    assert handle.state == WorkflowState.RUNNING and handle.counts == {"pending": 4}
+    # Only the root can be claimed: the others are blocked until their parents succeed.
+    assert list(Job.objects.filter(blocked=False).values_list("name", flat=True)) == ["tests.testapp.workflow_jobs.node"]
+    assert {view.name: view.status for view in handle.nodes()} == {
+        "a": "waiting", "b": "blocked", "c": "blocked", "d": "blocked",
+    }  # fmt: skip
+    run_worker()
+    assert ran() == {"a", "b", "c", "d"}
+    assert note("d") == {"b": 1, "c": 100}
+    handle.refresh()
+    assert handle.state == WorkflowState.SUCCEEDED and handle.finished
+    assert handle.counts == {"succeeded": 4}
+    assert handle["b"].status == "succeeded" and handle["b"].result == 1
+    assert not Job.objects.exists()
+
+
+def test_a_failed_parent_cancels_its_subtree_while_an_independent_branch_finishes():
+    wf = workflow("branches")
+    wf.add("root", jobs.node.bind("root"))
+    wf.add("bad", jobs.node.bind("bad", fail=True), after=["root"])
+    wf.add("below", jobs.node.bind("below"), after=["bad"])
+    wf.add("further", jobs.node.bind("further"), after=["below"])
+    wf.add("good", jobs.node.bind("good"), after=["root"])
+    wf.add("good2", jobs.node.bind("good2"), after=["good"])
+    wf.add("anyway", jobs.node.bind("anyway"), after=["bad", "good"], run_anyway=["bad"])
+    handle = wf.enqueue()
+    run_worker()
+    assert ran() == {"root", "bad", "good", "good2", "anyway"}
+    states = {view.name: (view.status, view.error) for view in handle.refresh().nodes()}
+    assert states["bad"][0] == "failed" and "fails on purpose" in states["bad"][1]
+    assert states["below"][0] == "cancelled" and states["further"][0] == "cancelled"
+    assert handle.state == WorkflowState.FAILED and handle.counts == {"succeeded": 4, "failed": 1, "cancelled": 2}
+    cancelled = FailedJob.objects.get(job_id=handle["below"].id)
+    assert cancelled.exception_class == "django_dbqueue.exceptions.JobCancelled"
+    assert "its parent 'bad' did not succeed" in cancelled.error
+    assert handle["further"].status == "cancelled"
+
+
+def test_retrying_a_workflow_from_its_failed_node_runs_it_and_the_nodes_below_it_once():
+    wf = workflow("retry")
+    wf.add("a", jobs.node.bind("a"))
+    wf.add("b", jobs.node.bind("b", fail=True), after=["a"])
+    wf.add("c", jobs.node.bind("c"), after=["b"])
+    handle = wf.enqueue()
+    run_worker()
+    assert ran() == {"a", "b"}
+    Run.objects.filter(key="b").delete()
+    # The failed node must succeed now: its stored call is changed to one that does.
+    failed = FailedJob.objects.get(job_id=handle["b"].job_id)
+    failed.payload = failed.payload.replace('"fail":true', '"fail":false')
+    failed.save()
+    new = handle.retry()
+    assert len(new) == 2
+    states = {view.name: view.status for view in handle.refresh().nodes()}
+    assert states == {"a": "succeeded", "b": "waiting", "c": "blocked"}
+    run_worker()
+    assert ran() == {"a", "b", "c"}
+    assert handle.refresh().state == WorkflowState.SUCCEEDED
+    assert not FailedJob.objects.exists()
+
+
+def test_a_cycle_is_refused_at_enqueue_with_the_cycle_named_and_nothing_stored():
+    wf = workflow("loop")
+    wf.add("a", jobs.node.bind("a"))
+    wf.add("b", jobs.node.bind("b"), after=["a", "d"])
+    wf.add("c", jobs.node.bind("c"), after=["b"])
+    wf.add("d", jobs.node.bind("d"), after=["c"])
+    with pytest.raises(CycleError, match=r"has a cycle: (b -> c -> d -> b|c -> d -> b -> c|d -> b -> c -> d)") as caught:
+        wf.enqueue()
+    assert set(caught.value.cycle) == {"b", "c", "d"}
+    assert not Workflow.objects.exists() and not Job.objects.exists()
+
+
+def test_bad_graphs_and_calls_are_refused_when_declared():
+    wf = workflow()
+    wf.add("a", jobs.node.bind("a"))
+    with pytest.raises(ValueError, match="has a node named 'a' already"):
+        wf.add("a", jobs.node.bind("a2"))
+    with pytest.raises(CycleError, match="cannot run after itself"):
+        wf.add("self", jobs.node.bind("s"), after=["self"])
+    with pytest.raises(ValueError, match="run_anyway names parents"):
+        wf.add("x", jobs.node.bind("x"), after=["a"], run_anyway=["zzz"])
+    with pytest.raises(TypeError, match="results"):
+        wf.add("y", jobs.slow_node.bind("y", "/tmp/m"), after=["a"], pass_results=True)
+    wf.add("z", jobs.node.bind("z"), after=["missing"])
+    with pytest.raises(ValueError, match="runs after 'missing', which is not in workflow"):
+        wf.enqueue()
+
+
+def test_a_workflow_enqueued_in_a_transaction_that_rolls_back_leaves_nothing():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        diamond().enqueue()
+        raise RuntimeError("roll back")
+    assert not Workflow.objects.exists() and not WorkflowNode.objects.exists() and not Job.objects.exists()
+
+
+def test_cancelling_a_workflow_cancels_what_has_not_started_and_nothing_runs_after():
+    handle = diamond().enqueue()
+    assert handle.cancel() == 4
+    assert handle.state == WorkflowState.CANCELLED
+    run_worker()
+    assert ran() == set()
+    assert set(WorkflowNode.objects.values_list("state", flat=True)) == {NodeState.CANCELLED}
+    assert handle.cancel() == 0  # once only
+
+
+def test_a_job_enqueued_after_others_runs_once_they_succeeded_and_receives_their_results():
+    first = jobs.node.enqueue("p1", value=2)
+    second = jobs.node.enqueue("p2", value=3)
+    after = jobs.node.bind("sum").enqueue(depends_on=[first, second])
+    assert after.status == "waiting" and Job.objects.get(pk=after.id).blocked
+    run_worker()
+    assert ran() == {"p1", "p2", "sum"}
+    assert after.wait(timeout=5).status == "succeeded"
+
+
+def test_a_job_enqueued_after_passes_results_when_asked():
+    first = jobs.node.enqueue("p1", value=2)
+    second = jobs.node.enqueue("p2", value=3)
+    after = enqueue_after([first, second], jobs.node.bind("sum", value=7), pass_results=True)
+    run_worker()
+    assert note("sum") == {f"job {first.id}": 2, f"job {second.id}": 3}
+
+
+def test_a_job_enqueued_after_a_failed_job_is_cancelled_at_once_unless_run_anyway():
+    failed = jobs.node.enqueue("bad", fail=True)
+    run_worker()
+    after = jobs.node.bind("never").enqueue(depends_on=[failed])
+    assert after.status == "cancelled"
+    anyway = enqueue_after([failed], jobs.node.bind("anyway"), run_anyway=True)
+    run_worker()
+    assert ran() == {"bad", "anyway"} and anyway.refresh() is None and anyway.status == "succeeded"
+
+
+def test_a_job_enqueued_after_one_that_succeeded_already_is_released_at_once():
+    done = jobs.node.enqueue("done")
+    run_worker()
+    after = jobs.node.bind("after").enqueue(depends_on=[done])
+    assert not Job.objects.get(pk=after.id).blocked
+    run_worker()
+    assert ran() == {"done", "after"}
+
+
+def test_a_node_cancelled_by_hand_cancels_the_nodes_below_it():
+    handle = diamond().enqueue()
+    assert handle["c"].cancel(reason="not needed")
+    run_worker()
+    assert ran() == {"a", "b"}
+    states = {view.name: view.status for view in handle.refresh().nodes()}
+    assert states == {"a": "succeeded", "b": "succeeded", "c": "cancelled", "d": "cancelled"}
+
+
+def test_waiting_for_a_workflow_returns_once_every_node_ended_and_times_out_otherwise():
+    handle = diamond().enqueue()
+    with pytest.raises(WaitTimeout, match="is still running"):
+        handle.wait(timeout=0.05)
+    run_worker()
+    assert get_workflow(handle.id).wait(timeout=5).state == WorkflowState.SUCCEEDED
+
+
+def test_releasing_a_fan_in_marks_each_parents_edge_once_and_the_child_runs_once():
+    wf = workflow("fan")
+    for i in range(30):
+        wf.add(f"p{i}", jobs.node.bind(f"p{i}", value=i))
+    wf.add("sum", jobs.add_up, "sum", after=[f"p{i}" for i in range(30)], pass_results=True)
+    handle = wf.enqueue()
+    run_worker(batch=5)
+    assert Run.objects.get(key="sum").note == str(sum(range(30)))
+    assert WorkflowEdge.objects.filter(done=True).count() == 30
+    assert handle.refresh().state == WorkflowState.SUCCEEDED
