@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import middleware, payload, registry, tracing, validation
+from . import handles, middleware, payload, registry, rows, tracing, validation
 from .context import JobContext
 from .errors import clean
 from .exceptions import PERMANENT_ERRORS, JobCancelled, JobTimeout, PayloadError, Snooze, WorkerStopped
@@ -263,6 +263,9 @@ def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outco
         return outcome_of(prepared, exc, defaults)
     finally:
         running.reset(token)
+    refused = refused_result(prepared, result)
+    if refused is not None:
+        return refused
     return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
 
 
@@ -310,7 +313,24 @@ async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
         return outcome_of(prepared, timeout, defaults)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the loop
         return outcome_of(prepared, exc, defaults)
+    refused = refused_result(prepared, result)
+    if refused is not None:
+        return refused
     return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
+
+
+def refused_result(prepared: Prepared, result: Any) -> Outcome | None:
+    """The failed outcome of a run whose ``result`` is too large to keep (``results``) or cannot be
+    passed on (a piped chain's step), else None. A job that returns None, or any but a piped
+    chain's step, pays a comparison or two."""
+    job = prepared.job
+    refused = rows.pipe_refusal(job, result) if rows.pipes(prepared.chain) else None
+    if refused is None and result is not None and handles.keeps_result(job.name, job.payload):
+        refused = handles.result_refusal(job, result)
+    if refused is None:
+        return None
+    # For good: running it again would redo its work to return the same value.
+    return _failed(refused, prepared.started, f"{job.name} (job {job.pk}) ran, but failed: {refused}", prepared.tracker)
 
 
 # Task id -> the exception a job's task cancelled by the worker ends with (in the loop's thread).

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 
 from . import conf, lifecycle, payload, registry
 from .db import DbNow, IdListener, alias, notify_ids
-from .exceptions import WaitTimeout
+from .exceptions import PayloadTooLarge, WaitTimeout
 from .models import CANCELLED_CLASS, JOB_RECORDS, RETRIED, FailedJob, Job, TaskResultRecord, record_id
 from .running import current_job
 from .states import JobStatus
@@ -195,77 +195,44 @@ class JobHandle:
         ``WaitTimeout`` and leave the job alone. The job is read with backoff (10 ms, doubling to
         0.5 s). Inside a job, a wait needs a timeout: the job it waits for may need this worker's
         slot (docs/howto/handles.md)."""
-        deadline = self._wait_deadline(timeout)
-        pause = WAIT_FIRST
-        listener: IdListener | None = None
-        try:
-            while True:
-                self.refresh()
-                if self.finished:
-                    return self
-                if listener is None and keeps_result(self.name) and conf.get("LISTEN"):
-                    # Its end is announced: listen, then read once more (it may have ended meanwhile).
-                    listener = IdListener(conf.get("LISTEN_DATABASE") or alias(), ENDED_CHANNEL)
-                    if listener.open():
-                        continue
-                pause = self._next_pause(deadline, pause, timeout)
-                self._pause(listener, pause)
-        finally:
-            if listener is not None:
-                listener.close()
+        seconds = self._checked_timeout(timeout)
+        wait_until(self._read_finished, self._timed_out, seconds, channel=self._channel, ids=self._ids)
+        return self
 
     async def wait_async(self, timeout: float | timedelta | None = None) -> JobHandle:
         """``wait`` for async code: ``await handle.wait_async(timeout=30)``; the event loop runs on
         between reads."""
-        deadline = self._wait_deadline(timeout)
-        pause = WAIT_FIRST
-        while True:
-            await self.arefresh()
-            if self.finished:
-                return self
-            pause = self._next_pause(deadline, pause, timeout)
-            await asyncio.sleep(pause)
+        seconds = self._checked_timeout(timeout)
+        await await_until(sync_to_async(self._read_finished), self._timed_out, seconds)
+        return self
 
-    def _pause(self, listener: IdListener | None, seconds: float) -> None:
-        """Sleep ``seconds``, or less if this job's end is announced meanwhile."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            if listener is None or listener.connection is None:
-                time.sleep(left)
-                return
-            if {self.id, self.job_id} & listener.wait(left):
-                return
+    def _read_finished(self) -> bool:
+        self.refresh()
+        return self.finished
 
-    def _wait_deadline(self, timeout: float | timedelta | None) -> float | None:
-        """The monotonic time a wait ends; refuse the waits that cannot end well."""
-        if isinstance(timeout, timedelta):
-            timeout = timeout.total_seconds()
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"timeout must be seconds (0 or more), or None to wait without end; got {timeout!r}")
+    def _channel(self) -> str | None:
+        # Its end is announced only if it keeps its result, which is known once it was read.
+        return ENDED_CHANNEL if keeps_result(self.name) else None
+
+    def _ids(self) -> set[int | None]:
+        return {self.id, self.job_id}
+
+    def _checked_timeout(self, timeout: float | timedelta | None) -> float | None:
+        """``timeout`` in seconds; refuse the waits that cannot end well."""
+        seconds = wait_seconds(timeout)
         running = current_job()
         if running is not None and running[0] in (self.id, self.job_id):
             raise RuntimeError(f"job {self.id} ({running[1]}) waits for itself: it would never finish")
-        if running is not None and timeout is None:
-            raise RuntimeError(
-                f"{running[1]} (job {running[0]}) waits for job {self.id} without a timeout: the job it "
-                "waits for may need the slot this job holds, and then neither ends. Pass a timeout, or enqueue "
-                "the next step as a chain, a batch callback or a job of its own."
-            )
-        return None if timeout is None else time.monotonic() + timeout
+        refuse_endless_wait_in_job(f"job {self.id}", "the job it waits for", seconds)
+        return seconds
 
-    def _next_pause(self, deadline: float | None, pause: float, timeout: float | timedelta | None) -> float:
-        """The pause before the next read, within ``deadline``; raise ``WaitTimeout`` once it passed."""
-        if deadline is None:
-            return min(pause * 2, WAIT_LONGEST)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise WaitTimeout(
-                f"job {self.id} ({self.name or 'unknown'}) is still {self.status} after {timeout} s; "
-                "it was left as it is",
-                job_id=self.id,
-                status=str(self.status),
-            )
-        return min(pause * 2, WAIT_LONGEST, left)
+    def _timed_out(self, seconds: float) -> WaitTimeout:
+        return WaitTimeout(
+            f"job {self.id} ({self.name or 'unknown'}) is still {self.status} after {seconds:g} s; "
+            "it was left as it is",
+            job_id=self.id,
+            status=str(self.status),
+        )
 
     def cancel(self, *, hard: bool = False, reason: str = "") -> bool:
         """Cancel the job, or ask it to stop if it runs (``hard``: as at a timeout); False if it had finished."""
@@ -281,6 +248,94 @@ class JobHandle:
         return cancelled
 
 
+# -- waiting for an end: jobs here, batches (batches.py) ----------------------------
+
+
+def wait_seconds(timeout: float | timedelta | None) -> float | None:
+    """``timeout`` in seconds (None: no end); ValueError unless it is 0 or more."""
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"timeout must be seconds (0 or more), or None to wait without end; got {timeout!r}")
+    return timeout
+
+
+def refuse_endless_wait_in_job(waited: str, needed: str, seconds: float | None) -> None:
+    """Raise RuntimeError if the running job (``running.current_job``) waits for ``waited`` without a timeout."""
+    running = current_job()
+    if running is not None and seconds is None:
+        raise RuntimeError(
+            f"{running[1]} (job {running[0]}) waits for {waited} without a timeout: {needed} may need the "
+            "slot this job holds, and then neither ends. Pass a timeout, or enqueue the next step as a chain, "
+            "a batch callback or a job of its own."
+        )
+
+
+def wait_until(
+    finished: Callable[[], bool],
+    timed_out: Callable[[float], Exception],
+    seconds: float | None,
+    *,
+    channel: Callable[[], str | None],
+    ids: Callable[[], set[int | None]],
+) -> None:
+    """Call ``finished`` (it reads again) until it is True, with backoff (``WAIT_FIRST`` doubling
+    to ``WAIT_LONGEST``), or sooner once one of ``ids`` is announced on the ``channel`` it names
+    (PostgreSQL, ``DBQUEUE["LISTEN"]``); after ``seconds`` raise ``timed_out(seconds)``."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    pause = WAIT_FIRST
+    listener: IdListener | None = None
+    try:
+        while True:
+            if finished():
+                return
+            name = channel() if listener is None and conf.get("LISTEN") else None
+            if name is not None:
+                # Listen, then read once more (it may have ended meanwhile).
+                listener = IdListener(conf.get("LISTEN_DATABASE") or alias(), name)
+                if listener.open():
+                    continue
+            pause = _next_pause(deadline, pause, seconds, timed_out)
+            _pause(listener, pause, ids)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+async def await_until(
+    finished: Callable[[], Awaitable[bool]], timed_out: Callable[[float], Exception], seconds: float | None
+) -> None:
+    """``wait_until`` for async code: the event loop runs on between reads (it polls)."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    pause = WAIT_FIRST
+    while not await finished():
+        pause = _next_pause(deadline, pause, seconds, timed_out)
+        await asyncio.sleep(pause)
+
+
+def _pause(listener: IdListener | None, seconds: float, ids: Callable[[], set[int | None]]) -> None:
+    """Sleep ``seconds``, or less if one of ``ids`` is announced meanwhile."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if listener is None or listener.connection is None:
+            time.sleep(left)
+            return
+        if ids() & listener.wait(left):
+            return
+
+
+def _next_pause(
+    deadline: float | None, pause: float, seconds: float | None, timed_out: Callable[[float], Exception]
+) -> float:
+    """The pause before the next read, within ``deadline``; raise ``timed_out`` once it passed."""
+    if deadline is None or seconds is None:
+        return min(pause * 2, WAIT_LONGEST)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise timed_out(seconds)
+    return min(pause * 2, WAIT_LONGEST, left)
+
+
 get_job = JobHandle.get
 aget_job = JobHandle.aget
 
@@ -291,6 +346,28 @@ def encode_result(value: Any) -> tuple[Any, str | None]:
         return payload.encode_arguments((value,), {})["args"][0], None
     except TypeError as exc:
         return None, f"the return value was not kept: {exc}".replace("argument 0 (args[0])", "the return value")
+
+
+def result_refusal(job: Job, value: Any) -> PayloadTooLarge | None:
+    """The error of a return value of ``job`` too large to keep: its JSON is over
+    ``DBQUEUE["MAX_PAYLOAD_SIZE"]``, the limit of what a result may be passed on as; else None."""
+    limit = conf.get("MAX_PAYLOAD_SIZE")
+    if limit is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) * 6 + 2 <= limit):
+        return None  # short for sure: no encoding to measure it
+    encoded, _ = encode_result(value)
+    if encoded is None:
+        return None  # it cannot be kept at all: its record says so (``outcome_record``)
+    found = payload.size(json.dumps(encoded, separators=(",", ":"), ensure_ascii=False))
+    if found <= limit:
+        return None
+    return PayloadTooLarge(
+        f"the return value of {job.name} (job {job.pk}) is {found:,} bytes as JSON, over "
+        f"DBQUEUE['MAX_PAYLOAD_SIZE'] ({limit:,} bytes), so it cannot be kept as its result. Return a "
+        "reference (a model instance, a file path) instead of the data, or raise the limit.",
+        name=job.name,
+        size=found,
+        limit=limit,
+    )
 
 
 # The job that runs django.tasks tasks keeps its result in the task's own record.

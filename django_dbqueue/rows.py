@@ -2,7 +2,8 @@
 
 A ``NewJob`` holds a row's values with a delay instead of times (the database's clock sets them).
 Its payload, the envelope, holds the encoded arguments and: ``next`` (the chain's remaining steps),
-``then`` and ``on_failure`` (jobs to enqueue after it), ``chain`` (``{"id", "step", "total"}``),
+``then`` and ``on_failure`` (jobs to enqueue after it), ``chain`` (``{"id", "step", "total"}``, and
+``"pipe": true`` if each step's return value is the next one's first argument),
 ``batch_of`` (a batch callback's batch), ``flow`` (its flow columns, for a retry) and ``trace``.
 Each step is JSON data, so a ``FailedJob`` shows the steps that did not run.
 """
@@ -18,9 +19,9 @@ from typing import Any, NamedTuple
 from django.db import models
 from django.db.models.base import ModelState
 
-from . import concurrency, conf, payload, rates, tracing, unique, validation
+from . import concurrency, conf, payload, rates, registry, tracing, unique, validation
 from .db import DbNow, alias
-from .exceptions import PayloadError, UnknownQueue
+from .exceptions import PayloadError, PayloadTooLarge, UnknownQueue
 from .models import Job
 from .registry import JobCall, JobDefinition, backoff_json, retry_deadline
 
@@ -334,8 +335,14 @@ def chain_of(envelope: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
-    """The rows to insert with ``job``'s outcome: its next step or callbacks, or its failure callback."""
+def pipes(chain: dict[str, Any] | None) -> bool:
+    """Whether a chain step's return value is passed on as the next step's first argument."""
+    return chain is not None and chain.get("pipe") is True
+
+
+def follow_ups(job: Job, *, succeeded: bool, result: Any = None) -> list[Job]:
+    """The rows to insert with ``job``'s outcome: its next step (in a piped chain, with ``result``,
+    its return value, first) or callbacks, or its failure callback."""
     keys = ('"next"', '"then"') if succeeded else ('"on_failure"',)
     if not any(key in job.payload for key in keys):
         return []  # (a string holding such a key only costs the full parse below)
@@ -343,14 +350,53 @@ def follow_ups(job: Job, *, succeeded: bool) -> list[Job]:
         data = payload.raw(job.payload)
         # Built in the context of the run that just ended: the next step continues its trace.
         with tracing.continued(job, data) if tracing.enabled else nullcontext():
-            return [new.to_job() for new in _follow_ups(job, data, succeeded=succeeded)]
+            return [new.to_job() for new in _follow_ups(job, data, succeeded=succeeded, result=result)]
     except (ValueError, KeyError, TypeError, RecursionError, PayloadError) as exc:
         # The job ran; a malformed follow-up must not undo that (a message of ours or the parser's, no row).
+        # (A piped result that cannot pass was refused before, by ``pipe_refusal``: the step failed.)
         logger.error("cannot enqueue what follows job=%s id=%s: %s", job.name, job.pk, exc)
         return []
 
 
-def _follow_ups(job: Job, data: dict[str, Any], *, succeeded: bool) -> list[NewJob]:
+def pipe_refusal(job: Job, result: Any) -> PayloadError | PayloadTooLarge | None:
+    """Why ``result``, returned by ``job`` (a step of a piped chain), cannot be passed on to the next
+    step, or None: it cannot be encoded (for the next step's function), or makes its payload too large."""
+    data = payload.raw(job.payload)
+    next_steps = data.get("next") or []
+    if not next_steps or not isinstance(next_steps[0], dict):
+        return None  # the last step: nothing to pass on to
+    later = str(next_steps[0].get("name"))
+    try:
+        new = _follow_ups(job, data, succeeded=True, result=result)[0]
+    except TypeError as exc:
+        return PayloadError(f"the return value of {job.name} (job {job.pk}) cannot be passed on to {later}: {exc}")
+    except (ValueError, KeyError, RecursionError):
+        return None  # a malformed next step: ``follow_ups`` logs it, as for any chain
+    found, limit = payload.size(new.payload), conf.get("MAX_PAYLOAD_SIZE")
+    if limit is not None and found > limit:
+        return PayloadTooLarge(
+            f"the return value of {job.name} (job {job.pk}) cannot be passed on to {later}: with it, {later}'s "
+            f"payload is {found:,} bytes, over DBQUEUE['MAX_PAYLOAD_SIZE'] ({limit:,} bytes). Return a "
+            "reference (a model instance, a file path) instead of the data.",
+            name=job.name,
+            size=found,
+            limit=limit,
+        )
+    return None
+
+
+def _piped(step: dict[str, Any], result: Any) -> dict[str, Any]:
+    """``step`` (a piped chain's next one) with ``result`` first in its arguments, encoded for its function."""
+    definition = registry.find(str(step.get("name")))
+    try:
+        # With the function: a model instance passes only to a step whose annotations name its model.
+        value = payload.encode_value(result, "the return value", definition.func if definition else None)
+    except RecursionError as exc:
+        raise TypeError(f"the return value is nested too deeply to be stored ({exc})") from None
+    return {**step, "args": [value, *step["args"]]}
+
+
+def _follow_ups(job: Job, data: dict[str, Any], *, succeeded: bool, result: Any = None) -> list[NewJob]:
     if not succeeded:
         on_failure = data.get("on_failure")
         return [new_job(on_failure, check=False)] if on_failure else []
@@ -360,7 +406,7 @@ def _follow_ups(job: Job, data: dict[str, Any], *, succeeded: bool) -> list[NewJ
     info = chain_of(data)
     return [
         new_job(
-            next_steps[0],
+            _piped(next_steps[0], result) if pipes(info) else next_steps[0],
             next_steps=next_steps[1:],
             then=data.get("then") or [],
             on_failure=data.get("on_failure"),
