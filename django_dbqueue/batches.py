@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import F
 
@@ -24,9 +25,12 @@ from . import lifecycle
 from .chains import Chain
 from .db import DbNow, alias, read_back
 from .enqueue import Prepared, handles_of, store_all
+from .exceptions import WaitTimeout
+from .handles import await_until, refuse_endless_wait_in_job, wait_seconds, wait_until
 from .models import FailedJob, Job, JobBatch
 from .registry import Handle, JobCall, JobDefinition
 from .rows import check_queue, prepare, step
+from .running import current_job
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -35,6 +39,16 @@ CALLBACKS = lifecycle.CALLBACKS
 
 class BatchClosed(Exception):
     """Members cannot be added: the batch was cancelled or has finished."""
+
+
+class BatchWaitTimeout(WaitTimeout):
+    """``BatchHandle.wait`` ran out of time before the batch finished; it was left as it was.
+    ``batch_id`` and ``status`` (the batch's state) say which and how far; no ``job_id``."""
+
+    def __init__(self, message: str, *, batch_id: int, status: str) -> None:
+        Exception.__init__(self, message)
+        self.batch_id = batch_id
+        self.status = status
 
 
 def _member(item: Any) -> JobCall | Chain:
@@ -186,6 +200,51 @@ class BatchHandle:
         jobs = retry_failed(self.id)
         self.refresh()
         return jobs
+
+    def wait(self, timeout: float | timedelta | None = None) -> BatchHandle:
+        """Block until every member has ended (``finished``) and return this handle, read again;
+        after ``timeout`` seconds raise ``BatchWaitTimeout`` (a ``WaitTimeout``) and leave the batch
+        alone. As ``JobHandle.wait``: read with backoff (10 ms, doubling to 0.5 s), woken on
+        PostgreSQL by the batch's end; inside a job, only with a timeout (docs/batches.md)."""
+        seconds = self._checked_timeout(timeout)
+        wait_until(self._read_finished, self._timed_out, seconds, channel=_batch_channel, ids=self._ids)
+        return self
+
+    async def wait_async(self, timeout: float | timedelta | None = None) -> BatchHandle:
+        """``wait`` for async code: ``await batch.wait_async(timeout=60)``; the event loop runs on."""
+        seconds = await sync_to_async(self._checked_timeout)(timeout)
+        await await_until(sync_to_async(self._read_finished), self._timed_out, seconds)
+        return self
+
+    def _read_finished(self) -> bool:
+        return self.refresh().finished
+
+    def _ids(self) -> set[int | None]:
+        return {self.id}
+
+    def _checked_timeout(self, timeout: float | timedelta | None) -> float | None:
+        """``timeout`` in seconds; refuse the waits that cannot end well (may read the running job's row)."""
+        seconds = wait_seconds(timeout)
+        running = current_job()
+        if running is not None and Job.objects.filter(pk=running[0], batch_id=self.id).exists():
+            raise RuntimeError(
+                f"{running[1]} (job {running[0]}) waits for its own batch {self.id}: the batch cannot finish "
+                "while this member runs"
+            )
+        refuse_endless_wait_in_job(f"batch {self.id}", "the members it waits for", seconds)
+        return seconds
+
+    def _timed_out(self, seconds: float) -> BatchWaitTimeout:
+        return BatchWaitTimeout(
+            f"batch {self.id} ({self.name or 'unnamed'}) is still {self.state} after {seconds:g} s, "
+            f"{self.done} of {self.total} members ended; it was left as it is",
+            batch_id=self.id,
+            status=str(self.state),
+        )
+
+
+def _batch_channel() -> str:
+    return lifecycle.BATCH_ENDED_CHANNEL
 
 
 def get_batch(batch_id: int) -> BatchHandle:
