@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 from django.db import transaction
 
 from django_dbqueue import CycleError, WaitTimeout, WorkflowState, enqueue_after, get_workflow, workflow
 from django_dbqueue.models import FailedJob, Job, NodeState, Workflow, WorkflowEdge, WorkflowNode
-from tests.conftest import run_worker
+from tests.conftest import run_worker, wait_until
 from tests.testapp import workflow_jobs as jobs
 from tests.testapp.models import Run
 
@@ -37,7 +38,9 @@ def test_a_diamond_runs_each_node_once_after_its_parents_and_d_receives_b_and_c_
     handle = diamond().enqueue()
     assert handle.state == WorkflowState.RUNNING and handle.counts == {"pending": 4}
     # Only the root can be claimed: the others are blocked until their parents succeed.
-    assert list(Job.objects.filter(blocked=False).values_list("name", flat=True)) == ["tests.testapp.workflow_jobs.node"]
+    assert list(Job.objects.filter(blocked=False).values_list("name", flat=True)) == [
+        "tests.testapp.workflow_jobs.node"
+    ]
     assert {view.name: view.status for view in handle.nodes()} == {
         "a": "waiting", "b": "blocked", "c": "blocked", "d": "blocked",
     }  # fmt: skip
@@ -102,7 +105,9 @@ def test_a_cycle_is_refused_at_enqueue_with_the_cycle_named_and_nothing_stored()
     wf.add("b", jobs.node.bind("b"), after=["a", "d"])
     wf.add("c", jobs.node.bind("c"), after=["b"])
     wf.add("d", jobs.node.bind("d"), after=["c"])
-    with pytest.raises(CycleError, match=r"has a cycle: (b -> c -> d -> b|c -> d -> b -> c|d -> b -> c -> d)") as caught:
+    with pytest.raises(
+        CycleError, match=r"has a cycle: (b -> c -> d -> b|c -> d -> b -> c|d -> b -> c -> d)"
+    ) as caught:
         wf.enqueue()
     assert set(caught.value.cycle) == {"b", "c", "d"}
     assert not Workflow.objects.exists() and not Job.objects.exists()
@@ -204,4 +209,35 @@ def test_releasing_a_fan_in_marks_each_parents_edge_once_and_the_child_runs_once
     run_worker(batch=5)
     assert Run.objects.get(key="sum").note == str(sum(range(30)))
     assert WorkflowEdge.objects.filter(done=True).count() == 30
+    assert handle.refresh().state == WorkflowState.SUCCEEDED
+
+
+def test_a_workflow_survives_kill_9_of_its_workers_mid_graph_and_every_node_runs_once(worker_process, tmp_path):
+    marker = tmp_path / "b-started"
+    wf = workflow("killed")
+    wf.add("a", jobs.sturdy.bind("a", value=1))
+    wf.add("b", jobs.slow_node.bind("b", str(marker), seconds=1.5), after=["a"])
+    for i in range(6):
+        wf.add(f"c{i}", jobs.sturdy.bind(f"c{i}", value=i), after=["a"])
+    wf.add("d", jobs.sturdy.bind("d"), after=["b", *(f"c{i}" for i in range(6))], pass_results=True)
+    wf.add("e", jobs.sturdy.bind("e"), after=["d"])
+    handle = wf.enqueue()
+    first = [worker_process("--sleep", "0.05"), worker_process("--sleep", "0.05")]
+    wait_until(marker.exists, 30, "node b never started")
+    for process in first:
+        process.signal(signal.SIGKILL)
+        process.wait(10)
+    assert not Run.objects.filter(key="b").exists()
+    second = [worker_process("--sleep", "0.05"), worker_process("--sleep", "0.05")]
+    try:
+        wait_until(lambda: Run.objects.filter(key="e").exists(), 60, "the graph never finished")
+    except AssertionError:
+        runs = sorted(Run.objects.values_list("key", flat=True))
+        rows = list(Job.objects.values_list("name", "blocked", "reserved_at", "attempts", "node_id"))
+        raise AssertionError(f"{runs}\n{rows}\n{[(v.name, v.status) for v in handle.nodes()]}\n{second[0].output()[-3000:]}")
+    wait_until(lambda: not Job.objects.exists(), 10, "rows left behind")
+    assert sorted(Run.objects.values_list("key", flat=True)) == sorted(
+        ["a", "b", "d", "e", *(f"c{i}" for i in range(6))]
+    )
+    assert note("d") == {"b": "b", **{f"c{i}": i for i in range(6)}}
     assert handle.refresh().state == WorkflowState.SUCCEEDED

@@ -30,7 +30,14 @@ def add_up(key: str, results: dict[str, Any]) -> int:
     return total
 
 
-@job(tries=3, retry_after=2)
+@job(tries=5, timeout=2, retry_after=3)
+def sturdy(key: str, value: Any = None, results: dict[str, Any] | None = None) -> Any:
+    """``node`` with tries to spare and a short lease: a killed worker's claim comes back within seconds."""
+    Run.objects.create(key=key, note=json.dumps(results, sort_keys=True, default=str), pid=os.getpid())
+    return value
+
+
+@job(tries=5, timeout=2, retry_after=3)
 def slow_node(key: str, marker: str, seconds: float = 0.5) -> str:
     """Touch ``marker``, sleep (a worker may be killed meanwhile), then record one run under ``key``."""
     Path(marker).touch()
