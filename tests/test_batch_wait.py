@@ -153,9 +153,12 @@ def test_a_batch_wait_is_woken_by_the_batch_end_not_by_polling(worker_process, m
     assert handle.finished and handle.succeeded == 2
     # Polling would have read it again only at the timeout (30 s): the announcement woke it.
     assert time.monotonic() - started < 20
+    listening = f"LISTEN {batches.lifecycle.BATCH_ENDED_CHANNEL}%"
     with connection.cursor() as cursor:
+        # This database's sessions only: other databases' waits may listen meanwhile.
         cursor.execute(
-            f"SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN {batches.lifecycle.BATCH_ENDED_CHANNEL}%%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE %s",
+            [listening],
         )
         assert cursor.fetchone()[0] == 0
 
