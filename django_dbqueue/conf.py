@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     # Keep every job's return value and errors in the result store (a job's
     # ``@job(results=...)`` overrides it); pruned after RESULT_MAX_AGE hours.
     "RESULTS": False,
+    # Hours after which idle workers delete the stored results of durable steps
+    # (``context.step``) whose job is gone, neither queued nor failed; None keeps them.
+    "STEP_MAX_AGE": 168,
     # Seconds a progress token (``progress.progress_token``) stays valid: an
     # hour, as long as a page polls one job; a page loaded again gets a new one.
     "PROGRESS_TOKEN_MAX_AGE": 3600,

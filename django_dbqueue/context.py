@@ -1,4 +1,4 @@
-"""The context a job receives: who it is, its progress, snooze, cancel checks and its batch."""
+"""The context a job receives: who it is, its progress, durable steps, snooze, cancel checks and its batch."""
 
 from __future__ import annotations
 
@@ -6,13 +6,16 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .batches import BatchHandle, get_batch
 from .exceptions import JobCancelled, Snooze
+from .steps import Steps
 
 if TYPE_CHECKING:
     from .progress import Tracker
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -27,10 +30,10 @@ class JobContext:
     attempt: int
     tries: int
     worker_id: str = ""
-    # For a chain step: the chain's id, this step's number (from 1) and the step count.
+    # For a job of a chain: the chain's id, this job's number in it (from 1) and the chain's length.
     chain_id: str | None = None
-    step: int = 1
-    steps: int = 1
+    chain_step: int = 1
+    chain_steps: int = 1
     tracker: Tracker | None = dataclasses.field(default=None, repr=False, compare=False)
     # Earlier reservations that spent no try (snoozes, lost connections).
     given_back: int = 0
@@ -41,6 +44,8 @@ class JobContext:
     cancel_probe: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
     # The batch this job is a member of, or whose callback it is (batches.py).
     batch_id: int | None = None
+    # The durable steps of this run (steps.py): their stored results, read at the first step.
+    durable: Steps = dataclasses.field(default_factory=Steps, repr=False, compare=False)
 
     @property
     def batch(self) -> BatchHandle | None:
@@ -62,6 +67,24 @@ class JobContext:
     def is_last_attempt(self) -> bool:
         """Tell whether a failure of this run uses the job's last try."""
         return self.attempt - self.given_back >= self.tries
+
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name`` and return its result; if an
+        earlier run of this job stored it, return the stored result without running ``fn``.
+
+        ``fn`` runs in a transaction on the queue's database with the INSERT of its result, so its
+        writes there and the record of the step commit together: once per job, even under kill -9.
+        A name identifies a step: a second step of the same name in one run raises ``ValueError``,
+        a step inside a step ``RuntimeError``, a result that cannot be stored ``TypeError``.
+        """
+        result: T = self.durable.run(self.job_id, name, fn, args, kwargs)
+        return result
+
+    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``step`` for an async job: await ``fn`` (a coroutine function) and store its result once it
+        returns, at-least-once (a process that dies between the two runs it again); a plain
+        function runs in a thread, with ``step``'s transaction."""
+        return await self.durable.arun(self.job_id, name, fn, args, kwargs)
 
     def snooze(self, seconds: float | timedelta) -> NoReturn:
         """Stop this run and run the job again after ``seconds``, without spending a try."""

@@ -60,6 +60,8 @@ class Outcome:
     given_back: bool = False
     # A release after the job raised: it counts towards the job's max_exceptions.
     counts_exception: bool = False
+    # The run marked durable steps (steps.py): their rows go with the job's when it succeeds.
+    stepped: bool = False
 
     @property
     def snoozed(self) -> bool:
@@ -185,8 +187,8 @@ class Prepared:
                 worker_id=self.worker_id,
                 tracker=self.tracker,
                 chain_id=chain["id"] if chain else None,
-                step=self.step,
-                steps=self.steps,
+                chain_step=self.step,
+                chain_steps=self.steps,
                 given_back=job.given_back,
                 args=self.args,
                 kwargs=MappingProxyType(self.kwargs),
@@ -263,10 +265,7 @@ def _run_prepared(prepared: Prepared, defaults: Defaults, timer: Timer) -> Outco
         return outcome_of(prepared, exc, defaults)
     finally:
         running.reset(token)
-    refused = refused_result(prepared, result)
-    if refused is not None:
-        return refused
-    return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
+    return succeeded(prepared, result)
 
 
 async def arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
@@ -313,10 +312,22 @@ async def _arun_prepared(prepared: Prepared, defaults: Defaults) -> Outcome:
         return outcome_of(prepared, timeout, defaults)
     except BaseException as exc:  # noqa: BLE001 - a job's SystemExit must not end the loop
         return outcome_of(prepared, exc, defaults)
+    return succeeded(prepared, result)
+
+
+def succeeded(prepared: Prepared, result: Any) -> Outcome:
+    """The outcome of a prepared job that returned ``result``."""
     refused = refused_result(prepared, result)
     if refused is not None:
         return refused
-    return Outcome("succeeded", time.monotonic() - prepared.started, result=result, tracker=prepared.tracker)
+    context = prepared.context
+    return Outcome(
+        "succeeded",
+        time.monotonic() - prepared.started,
+        result=result,
+        tracker=prepared.tracker,
+        stepped=context is not None and context.durable.used,
+    )
 
 
 def refused_result(prepared: Prepared, result: Any) -> Outcome | None:

@@ -352,8 +352,13 @@ def result_refusal(job: Job, value: Any) -> PayloadTooLarge | None:
     """The error of a return value of ``job`` too large to keep: its JSON is over
     ``DBQUEUE["MAX_PAYLOAD_SIZE"]``, the limit of what a result may be passed on as; else None."""
     limit = conf.get("MAX_PAYLOAD_SIZE")
-    if limit is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) * 6 + 2 <= limit):
-        return None  # short for sure: no encoding to measure it
+    # Short for sure, no encoding to measure: a number, or text of 6 bytes a character at most (\u escapes).
+    if (
+        limit is None
+        or isinstance(value, (bool, int, float))
+        or (isinstance(value, str) and len(value) * 6 + 2 <= limit)
+    ):
+        return None
     encoded, _ = encode_result(value)
     if encoded is None:
         return None  # it cannot be kept at all: its record says so (``outcome_record``)

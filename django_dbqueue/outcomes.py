@@ -1,9 +1,10 @@
 """The end of a run: store a job's outcome through any outage, then report it.
 
 A job that succeeded with nothing to follow it waits for its batch's DELETE (the next claim,
-or ``batch_window`` later); any other outcome is stored at once, with its follow-ups and kept
-result, in one transaction. Every statement is retried on a fresh connection while the
-database is away; reports (progress, stats, history, signals, logs) never change what was stored.
+or ``batch_window`` later); any other outcome is stored at once, with its follow-ups, kept
+result and (a success whose run used durable steps) the DELETE of its step rows, in one
+transaction. Every statement is retried on a fresh connection while the database is away;
+reports (progress, stats, history, signals, logs) never change what was stored.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, transaction
 
-from . import handles, lifecycle, progress, rows, signals, workers
+from . import handles, lifecycle, progress, rows, signals, steps, workers
 from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error
 from .exceptions import JobCancelled
 from .execution import Defaults, Outcome, outcome_of, timeout_error
@@ -144,10 +145,14 @@ class Outages:
                 stored, failed_job = self.stored_by_earlier_try(job, outcome)
             if stored and record is not None:
                 handles.save_records([record], alias())
+            if stored and forget_steps:
+                steps.delete(alias(), [job.pk])
             return stored
 
+        forget_steps = outcome.stepped and outcome.status == "succeeded"
+
         def store() -> bool:
-            with transaction.atomic(using=alias()) if record is not None else nullcontext():
+            with transaction.atomic(using=alias()) if record is not None or forget_steps else nullcontext():
                 return change()
 
         return self.retry(store, "record"), failed_job
@@ -301,7 +306,8 @@ class Outcomes:
                 follow_ups = rows.follow_ups(job, succeeded=status == "succeeded")
             except Exception:  # a row's fault (JSON nested too deep) must not end the worker
                 logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
-        if status == "succeeded" and not follow_ups:
+        # A job whose run used durable steps is deleted with its step rows, at once.
+        if status == "succeeded" and not follow_ups and not outcome.stepped:
             if record is not None:
                 self.records[job.pk] = record
             if not self.done:

@@ -108,7 +108,7 @@ def _work(context: JobContext, doing: str, seconds: float) -> None:
     """Pretend to work for ``seconds``, reporting e.g. "encoding 40%" as it goes."""
     for tick in range(TICKS):
         percent = tick * 100 // TICKS
-        context.progress(percent, f"{doing} {percent}% (step {context.step} of {context.steps})")
+        context.progress(percent, f"{doing} {percent}% (step {context.chain_step} of {context.chain_steps})")
         time.sleep(seconds / TICKS)
     # When the step returns, the queue stores it as done ("step 2 of 4 done", or
     # "finished" with 100% after the last step).
