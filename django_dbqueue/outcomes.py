@@ -303,7 +303,7 @@ class Outcomes:
         # A cancelled job runs no on_failure callback; its remaining steps stay in FailedJob.
         if status != "released" and not isinstance(outcome.exception, JobCancelled):
             try:
-                follow_ups = rows.follow_ups(job, succeeded=status == "succeeded")
+                follow_ups = rows.follow_ups(job, succeeded=status == "succeeded", result=outcome.result)
             except Exception:  # a row's fault (JSON nested too deep) must not end the worker
                 logger.exception("cannot enqueue what follows job=%s id=%s", job.name, job.pk)
         # A job whose run used durable steps is deleted with its step rows, at once.
