@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import handles, middleware, payload, registry, rows, tracing, validation
+from . import handles, middleware, payload, registry, rows, tracing, validation, workflows
 from .context import JobContext
 from .errors import clean
 from .exceptions import PERMANENT_ERRORS, JobCancelled, JobTimeout, PayloadError, Snooze, WorkerStopped
@@ -210,6 +210,8 @@ def prepare_run(
         definition = registry.get(job.name)
         envelope = payload.decode(job.payload)
         args, kwargs = payload.arguments(envelope, definition.func)
+        if workflows.PARENTS_KEY in envelope:  # a workflow node passed its parents' results
+            kwargs.update(workflows.passed_results(envelope))
         chain, step, steps = chain_position(envelope)
         tracker = Tracker(job.pk, chain)
         prepared = Prepared(job, definition, envelope, args, kwargs, tries, started, tracker, None, worker_id, chain)
