@@ -10,11 +10,9 @@ Here: declaring, storing, the handle, and the results a node receives from its p
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,7 +24,7 @@ from django.db.models import Count
 from . import insert, lifecycle, payload, registry, rows, unique, validation
 from .db import DbNow, alias, read_back
 from .exceptions import WaitTimeout
-from .handles import KEEP_RESULT, WAIT_FIRST, WAIT_LONGEST, JobHandle
+from .handles import KEEP_RESULT, JobHandle, await_until, wait_until
 from .models import (
     FailedJob,
     Job,
@@ -319,11 +317,11 @@ def _adopt(using: str, row: Workflow, job_id: int, *, keep: bool = False) -> Wor
         .only("id", "name", "node_id", "reserved_at", "payload")
         .first()
     )
+    text = None
     if job is not None and keep and job.reserved_at is None:
         envelope = payload.raw(job.payload)
         if not envelope.get(KEEP_RESULT):
-            envelope[KEEP_RESULT] = True
-            Job.objects.using(using).filter(pk=job.pk, reserved_at__isnull=True).update(payload=payload.dumps(envelope))
+            text = payload.dumps({**envelope, KEEP_RESULT: True})
     if job is not None and job.node_id is not None:
         own: WorkflowNode | None = WorkflowNode.objects.using(using).filter(pk=job.node_id).first()
         if own is not None:
@@ -347,7 +345,7 @@ def _adopt(using: str, row: Workflow, job_id: int, *, keep: bool = False) -> Wor
     )
     node.save(force_insert=True, using=using)
     if job is not None:
-        Job.objects.using(using).filter(pk=job.pk).update(node_id=node.pk)
+        lifecycle.dependencies.adopt(using, job.pk, node.pk, text)
     return node
 
 
@@ -538,41 +536,33 @@ class WorkflowHandle:
     def wait(self, timeout: float | timedelta | None = None) -> WorkflowHandle:
         """Block until every node ended and return this handle, read again; after ``timeout`` seconds
         raise ``WaitTimeout`` and leave the workflow alone (reads back off from 10 ms to 0.5 s)."""
-        deadline = _deadline(timeout, f"workflow {self.id}")
-        pause = WAIT_FIRST
-        while True:
-            self.refresh()
-            if self.finished:
-                return self
-            pause = self._next_pause(deadline, pause, timeout)
-            time.sleep(pause)
+        wait_until(self._read_finished, self._timed_out, _seconds(timeout, self.id), channel=_none, ids=set)
+        return self
 
     async def wait_async(self, timeout: float | timedelta | None = None) -> WorkflowHandle:
         """``wait`` for async code."""
-        deadline = _deadline(timeout, f"workflow {self.id}")
-        pause = WAIT_FIRST
-        while True:
-            await self.arefresh()
-            if self.finished:
-                return self
-            pause = self._next_pause(deadline, pause, timeout)
-            await asyncio.sleep(pause)
+        seconds = await sync_to_async(_seconds)(timeout, self.id)
+        await await_until(sync_to_async(self._read_finished), self._timed_out, seconds)
+        return self
 
-    def _next_pause(self, deadline: float | None, pause: float, timeout: Any) -> float:
-        if deadline is None:
-            return min(pause * 2, WAIT_LONGEST)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise WaitTimeout(
-                f"workflow {self.id} ({self.name or 'unnamed'}) is still {self.state} after {timeout} s; "
-                "it was left as it is",
-                job_id=self.id,
-                status=str(self.state),
-            )
-        return min(pause * 2, WAIT_LONGEST, left)
+    def _read_finished(self) -> bool:
+        return self.refresh().finished
+
+    def _timed_out(self, seconds: float) -> Exception:
+        return WaitTimeout(
+            f"workflow {self.id} ({self.name or 'unnamed'}) is still {self.state} after {seconds} s; "
+            "it was left as it is",
+            job_id=self.id,
+            status=str(self.state),
+        )
 
 
-def _deadline(timeout: float | timedelta | None, what: str) -> float | None:
+def _none() -> None:
+    return None
+
+
+def _seconds(timeout: float | timedelta | None, workflow_id: int) -> float | None:
+    """``timeout`` in seconds; refuse a wait without one inside a job (the nodes may need its slot)."""
     if isinstance(timeout, timedelta):
         timeout = timeout.total_seconds()
     if timeout is not None and not timeout >= 0:
@@ -580,10 +570,10 @@ def _deadline(timeout: float | timedelta | None, what: str) -> float | None:
     running = current_job()
     if running is not None and timeout is None:
         raise RuntimeError(
-            f"{running[1]} (job {running[0]}) waits for {what} without a timeout: the jobs it waits for may "
+            f"{running[1]} (job {running[0]}) waits for workflow {workflow_id} without a timeout: its nodes may "
             "need the slot this job holds, and then none ends. Pass a timeout, or add the next step as a node."
         )
-    return None if timeout is None else time.monotonic() + timeout
+    return timeout
 
 
 def get_workflow(workflow_id: int) -> WorkflowHandle:

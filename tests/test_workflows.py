@@ -161,6 +161,7 @@ def test_a_job_enqueued_after_passes_results_when_asked():
     second = jobs.node.enqueue("p2", value=3)
     after = enqueue_after([first, second], jobs.node.bind("sum", value=7), pass_results=True)
     run_worker()
+    assert after.wait(timeout=5).result == 7
     assert note("sum") == {f"job {first.id}": 2, f"job {second.id}": 3}
 
 
@@ -234,7 +235,9 @@ def test_a_workflow_survives_kill_9_of_its_workers_mid_graph_and_every_node_runs
     except AssertionError:
         runs = sorted(Run.objects.values_list("key", flat=True))
         rows = list(Job.objects.values_list("name", "blocked", "reserved_at", "attempts", "node_id"))
-        raise AssertionError(f"{runs}\n{rows}\n{[(v.name, v.status) for v in handle.nodes()]}\n{second[0].output()[-3000:]}")
+        raise AssertionError(
+            f"{runs}\n{rows}\n{[(v.name, v.status) for v in handle.nodes()]}\n{second[0].output()[-3000:]}"
+        ) from None
     wait_until(lambda: not Job.objects.exists(), 10, "rows left behind")
     assert sorted(Run.objects.values_list("key", flat=True)) == sorted(
         ["a", "b", "d", "e", *(f"c{i}" for i in range(6))]

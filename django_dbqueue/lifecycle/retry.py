@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import QuerySet
 
-from .. import insert
+from .. import insert, steps
 from ..db import DbNow
 from ..exceptions import PayloadError
 from ..models import JOB_RECORDS, RETRIED, FailedJob, Job, JobBatch, TaskResultRecord, record_id
@@ -55,8 +55,9 @@ def retry(failed_jobs: QuerySet[FailedJob]) -> list[Job]:
                 LEFT: [row for row in failed if row.batch_id in outside],
             },
         )
-        # A handle of the failed id follows the job to its new run.
+        # A handle of the failed id follows the job to its new run, and so do its durable steps.
         _retry_pointers([(row.job_id, job) for row, job in zip(failed, jobs, strict=True)])
+        steps.move(using, [(row.job_id, job.pk) for row, job in zip(failed, jobs, strict=True) if job.pk is not None])
     for job in jobs:
         job_enqueued.send_robust(sender=FailedJob, job=job)
     return jobs

@@ -650,4 +650,5 @@ def wait_for_itself(context: JobContext) -> None:
 
     get_job(context.job_id).wait(5)
 
+
 from .workflow_jobs import add_up, node, slow_node, sturdy  # noqa: E402, F401  (registered with the others)

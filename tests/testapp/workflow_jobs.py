@@ -1,4 +1,5 @@
-"""Jobs of the workflow tests (tests/test_workflows.py): each run leaves a ``Run`` row, so a node run twice cannot insert."""
+"""Jobs of the workflow tests (tests/test_workflows.py): each run leaves a ``Run`` row, so a node
+run twice cannot insert."""
 
 from __future__ import annotations
 
