@@ -135,7 +135,7 @@ def main() -> None:
                     flush=True,
                 )
     print(
-        f"\n{args.nodes:,} nodes (root -> nodes -> sink) against {args.nodes + 2:,} plain jobs; median of {args.repeat}:"
+        f"\n{args.nodes:,} nodes (root -> nodes -> sink), {args.nodes + 2:,} plain jobs; median of {args.repeat}:"
     )
     for workers in args.workers or [1, 4]:
         plain, graph = (statistics.median(rates[workers, kind]) for kind in (False, True))
