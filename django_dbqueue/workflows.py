@@ -255,7 +255,8 @@ def _store_jobs(using: str, nodes: Mapping[str, WorkflowNode], ordered: Sequence
         stored = [job for job in insert.insert_each(jobs, using) if job is not None]
     for node, job in zip(ordered, stored, strict=True):
         nodes[node.name].job_id = job.pk
-    WorkflowNode.objects.using(using).bulk_update(list(nodes.values()), ["job_id"])
+    # In small statements: one CASE of thousands of ids costs PostgreSQL seconds.
+    WorkflowNode.objects.using(using).bulk_update(list(nodes.values()), ["job_id"], batch_size=200)
     if job_enqueued.has_listeners(JobDefinition):
         for job in stored:
             job_enqueued.send_robust(sender=JobDefinition, job=job)
@@ -325,6 +326,8 @@ def _adopt(using: str, row: Workflow, job_id: int, *, keep: bool = False) -> Wor
     if job is not None and job.node_id is not None:
         own: WorkflowNode | None = WorkflowNode.objects.using(using).filter(pk=job.node_id).first()
         if own is not None:
+            if text is not None:
+                lifecycle.dependencies.adopt(using, job.pk, own.pk, text)
             return own
     handle = JobHandle(id=job_id)
     handle.refresh()

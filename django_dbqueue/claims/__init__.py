@@ -21,6 +21,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connections, tra
 from .. import rates
 from ..db import caused_by_lost_connection
 from ..lifecycle import delete_many, finished_by_members, move_unreadable, reclaim_expired, release
+from ..lifecycle.dependencies import released
 from ..models import Job, PausedQueue
 from ..workers import reclaim_dead
 from . import flow, plain
@@ -115,14 +116,17 @@ def finish_and_reserve(
         or not queues
         or queues[0] in paused(using)
         or uses_flow_claim(queues[0])
-        or any(job.concurrency_key or job.node_id for job in done)
+        or any(job.concurrency_key for job in done)
     ):
         return delete_many(done), more()
     walk = plain.walks(queues[0])
     members = any(job.batch_id for job in done)
+    nodes = any(job.node_id for job in done)
+    if members and nodes:
+        return delete_many(done), more()
     # Batch members: their counters move in the statement, in a transaction that enqueues the callbacks.
     with transaction.atomic(using=using) if members else nullcontext():
-        sql = plain.finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members)
+        sql = plain.finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members, nodes)
         params = [
             [job.pk for job in done],
             [job.attempts for job in done],
@@ -132,6 +136,11 @@ def finish_and_reserve(
         if members and rows[0][0]:
             finished_by_members(using, rows[0][0])
     finished = rows[0][0] if members else None
+    if nodes:
+        # Workflow nodes: their children were released in the statement; again if one may have raced.
+        released(using, rows[0][0], rows[0][1])
+        finished = rows[0][0]
+        rows = [row[2:] for row in rows]
     rows = [row[1:] for row in rows] if members else rows
     deleted = set(rows[0][0])
     jobs = plain_claimed(using, queues[0], plain.from_claim(using, [row[1:] for row in rows if row[1] is not None]))

@@ -18,6 +18,7 @@ from django.db.models import Case, F, Value, When
 from .. import validation
 from ..db import bound_cursor, cached_sql, caused_by_lost_connection, claims_with_skip_locked
 from ..lifecycle.changes import delete_returning, delete_sql, move_aside
+from ..lifecycle.dependencies import RELEASE
 from ..models import DB_NOW, Job, JobBatch, JobQuerySet, sql_names
 
 # Queues whose plain claims on PostgreSQL free the keys of jobs unique "until started" in the
@@ -276,18 +277,27 @@ _CLAIM_SQL = {
 }
 
 
-def finish_and_claim_sql(connection: Any, walk: bool, clear: bool, members: bool) -> str:
+def finish_and_claim_sql(connection: Any, walk: bool, clear: bool, members: bool, nodes: bool = False) -> str:
     """PostgreSQL: ``lifecycle.changes.delete_sql`` and ``claim_sql`` in one statement.
 
     Each row holds the array of deleted ids, then a claimed row's columns (NULLs when none was
     claimed). With ``members``, each batch's ``pending`` goes down by its members deleted, and
     every row starts with the array of the batches that reached 0.
     """
+    if nodes:
+        return _FINISH_AND_RELEASE_SQL[walk, clear](connection)
     return _FINISH_AND_CLAIM_SQL[walk, clear, members](connection)
 
 
-def _finish_and_claim(connection: Any, *, walk: bool, clear: bool, members: bool) -> str:
+def _finish_and_claim(connection: Any, *, walk: bool, clear: bool, members: bool, nodes: bool = False) -> str:
     claim = claim_sql(connection, walk=walk, clear=clear)
+    if nodes:  # workflow nodes: their release (lifecycle.dependencies) rides on the statement
+        return (
+            f"WITH done AS ({delete_returning(connection, 'node_id')}), report AS (SELECT {RELEASE} AS racing), "
+            f"claimed AS ({claim}) SELECT ARRAY(SELECT node_id FROM done WHERE node_id IS NOT NULL), "
+            "(SELECT racing FROM report), ARRAY(SELECT id FROM done), claimed.* "
+            "FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
+        )
     if not members:
         return (
             f"WITH done AS ({delete_sql(connection)}), claimed AS ({claim}) "
@@ -310,6 +320,11 @@ def _finish_and_claim(connection: Any, *, walk: bool, clear: bool, members: bool
     )
 
 
+_FINISH_AND_RELEASE_SQL = {
+    (walk, clear): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=False, nodes=True))
+    for walk in (False, True)
+    for clear in (False, True)
+}
 _FINISH_AND_CLAIM_SQL = {
     (walk, clear, members): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=members))
     for walk in (False, True)

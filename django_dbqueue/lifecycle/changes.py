@@ -31,6 +31,7 @@ from ..models import (
 )
 from ..rows import follow_ups
 from ..signals import job_cancelled
+from . import dependencies
 from .failed import failed_values, gone
 from .reactions import CANCELLED, FAILED, RELEASED, SUCCEEDED, members_ended, react, reacts
 
@@ -94,6 +95,8 @@ def delete_many(jobs: Sequence[Job]) -> set[int]:
     if not reacts(SUCCEEDED, jobs):
         return _delete_many(jobs)
     using = Job.objects.get_queryset().db
+    if connections[using].vendor == "postgresql" and not any(job.batch_id or job.concurrency_key for job in jobs):
+        return dependencies.delete_and_release(using, jobs)  # workflow nodes only: one statement
     with transaction.atomic(using=using):
         deleted = _delete_many(jobs)
         react(using, {SUCCEEDED: [job for job in jobs if job.pk in deleted]})

@@ -2,10 +2,67 @@
 
 ``node_id`` on the job and failed-job tables is nullable with no default, so every
 database adds it in place (SQLite without rebuilding the table).
+
+On PostgreSQL, ``dbqueue_release`` does what the success of workflow nodes does to
+the nodes after them (``lifecycle.dependencies``): as a function, its statements
+are planned once per server session (a client's statements are planned at every
+call, and this one would cost a drain of nodes a millisecond a claim), which no
+pooler can lose. It marks the nodes succeeded and their edges done, unblocks the
+children left with no undone edge, and returns how many children may wait for a
+parent that ends beside it (their release is tried again after the commit).
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
+
+RELEASE = """
+CREATE OR REPLACE FUNCTION dbqueue_release(succeeded bigint[]) RETURNS bigint AS $$
+DECLARE
+    racing bigint;
+BEGIN
+    IF succeeded IS NULL OR cardinality(succeeded) = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE dbqueue_workflow_node SET state = 'succeeded', finished_at = statement_timestamp()
+    WHERE id = ANY(succeeded) AND state = 'pending';
+    -- One snapshot: the edges marked here still read undone in it, so they are left out by parent.
+    -- A child's edges are read from the highest parent down (parents end roughly in id order),
+    -- so the first one read is undone.
+    WITH edges AS (
+        UPDATE dbqueue_workflow_edge SET done = true
+        WHERE parent_id = ANY(succeeded) AND NOT done RETURNING child_id
+    ), waits AS (
+        SELECT c.id, c.job_id, (
+            SELECT p.job_id FROM dbqueue_workflow_edge u JOIN dbqueue_workflow_node p ON p.id = u.parent_id
+            WHERE u.child_id = c.id AND NOT u.done AND u.parent_id <> ALL(succeeded)
+            ORDER BY u.parent_id DESC LIMIT 1
+        ) AS parent_job
+        FROM (SELECT DISTINCT child_id FROM edges) AS e CROSS JOIN LATERAL (
+            SELECT id, job_id FROM dbqueue_workflow_node WHERE id = e.child_id AND state = 'pending' LIMIT 1
+        ) AS c
+    ), released AS (
+        UPDATE dbqueue_job SET blocked = false FROM waits
+        WHERE dbqueue_job.id = waits.job_id AND waits.parent_job IS NULL
+        AND dbqueue_job.blocked AND dbqueue_job.reserved_at IS NULL RETURNING 1
+    )
+    -- A parent still waiting to be claimed will see these edges done when it ends: no race.
+    SELECT count(*) INTO racing FROM waits WHERE waits.parent_job IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM dbqueue_job j WHERE j.id = waits.parent_job AND j.reserved_at IS NULL
+    );
+    RETURN racing;
+END;
+$$ LANGUAGE plpgsql;
+"""
+
+
+def create_release(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(RELEASE)
+
+
+def drop_release(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("DROP FUNCTION IF EXISTS dbqueue_release(bigint[])")
 
 
 class Migration(migrations.Migration):
@@ -83,8 +140,8 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(primary_key=True, serialize=False)),
                 ('run_anyway', models.BooleanField(default=False)),
                 ('done', models.BooleanField(default=False)),
-                ('child', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='parent_edges', to='django_dbqueue.workflownode')),
-                ('parent', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='child_edges', to='django_dbqueue.workflownode')),
+                ('child', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='parent_edges', to='django_dbqueue.workflownode')),
+                ('parent', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='child_edges', to='django_dbqueue.workflownode')),
             ],
             options={
                 'verbose_name': 'workflow edge',
@@ -97,7 +154,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='workflownode',
-            index=models.Index(fields=['adopted', 'state'], name='dbqueue_node_adopted'),
+            index=models.Index(condition=models.Q(('adopted', True)), fields=['adopted'], name='dbqueue_node_adopted'),
         ),
         migrations.AddConstraint(
             model_name='workflownode',
@@ -105,7 +162,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='workflowedge',
-            index=models.Index(fields=['child', 'done'], name='dbqueue_edge_child'),
+            index=models.Index(fields=['child', 'parent'], name='dbqueue_edge_child'),
         ),
         migrations.AddConstraint(
             model_name='workflowedge',
@@ -115,4 +172,5 @@ class Migration(migrations.Migration):
             model_name='workflowedge',
             constraint=models.CheckConstraint(condition=models.Q(('parent', models.F('child')), _negated=True), name='dbqueue_edge_not_self'),
         ),
+        migrations.RunPython(create_release, drop_release, elidable=False),
     ]

@@ -71,7 +71,9 @@ class WorkflowNode(models.Model):
         constraints = [models.UniqueConstraint(fields=["workflow", "name"], name="dbqueue_node_name")]
         indexes = [
             models.Index(fields=["job_id"], name="dbqueue_node_job"),
-            models.Index(fields=["adopted", "state"], name="dbqueue_node_adopted"),
+            # Partial: the sweep's adopted nodes only. Not on ``state``, so a node's end is a HOT update
+            # (and an index on every node's state lured the release's plan into reading them all).
+            models.Index(fields=["adopted"], condition=Q(adopted=True), name="dbqueue_node_adopted"),
         ]
 
     def __str__(self) -> str:
@@ -82,8 +84,9 @@ class WorkflowEdge(models.Model):
     """``child`` runs after ``parent``; ``done`` once the parent succeeded (or, ``run_anyway``, ended)."""
 
     id = models.BigAutoField(primary_key=True)
-    parent = models.ForeignKey(WorkflowNode, on_delete=models.CASCADE, related_name="child_edges")
-    child = models.ForeignKey(WorkflowNode, on_delete=models.CASCADE, related_name="parent_edges")
+    # Indexed by the two indexes below, not each on its own.
+    parent = models.ForeignKey(WorkflowNode, on_delete=models.CASCADE, related_name="child_edges", db_index=False)
+    child = models.ForeignKey(WorkflowNode, on_delete=models.CASCADE, related_name="parent_edges", db_index=False)
     # The child runs even if this parent fails or is cancelled.
     run_anyway = models.BooleanField(default=False)
     done = models.BooleanField(default=False)
@@ -97,8 +100,10 @@ class WorkflowEdge(models.Model):
             models.UniqueConstraint(fields=["parent", "child"], name="dbqueue_edge_pair"),
             models.CheckConstraint(condition=~Q(parent=models.F("child")), name="dbqueue_edge_not_self"),
         ]
-        # Release: the edges of a parent (the unique pair's index); readiness: a child's undone edges.
-        indexes = [models.Index(fields=["child", "done"], name="dbqueue_edge_child")]
+        # Release: the edges of a parent (the unique pair's index); readiness: a child's edges, read
+        # from the highest parent down (parents end roughly in id order, so the first read is undone).
+        # ``done`` is in no index: marking an edge done is a HOT update, no index entry written.
+        indexes = [models.Index(fields=["child", "parent"], name="dbqueue_edge_child")]
 
     def __str__(self) -> str:
         return f"{self.parent_id} -> {self.child_id}"
