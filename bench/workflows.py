@@ -134,9 +134,7 @@ def main() -> None:
                     f"wait {waits.waiting}/{waits.samples}, most waiting at once {waits.most}",
                     flush=True,
                 )
-    print(
-        f"\n{args.nodes:,} nodes (root -> nodes -> sink), {args.nodes + 2:,} plain jobs; median of {args.repeat}:"
-    )
+    print(f"\n{args.nodes:,} nodes (root -> nodes -> sink), {args.nodes + 2:,} plain jobs; median of {args.repeat}:")
     for workers in args.workers or [1, 4]:
         plain, graph = (statistics.median(rates[workers, kind]) for kind in (False, True))
         print(f"  {workers} worker(s): plain {plain:,.0f} jobs/s, workflow {graph:,.0f} jobs/s: {graph / plain:.0%}")

@@ -117,6 +117,7 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "RESULT_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
     "RESULTS": ("a bool", lambda v: isinstance(v, bool)),
     "STEP_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
+    "WORKFLOW_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
     "PROGRESS_TOKEN_MAX_AGE": ("an int >= 1 (seconds)", lambda v: _number(v, minimum=1, integer=True)),
     "PROGRESS_SHOW_ERROR": ("a bool", lambda v: isinstance(v, bool)),
     "ERROR_MAX_LENGTH": ("an int >= 200 (characters) or None", lambda v: _optional_int(v, 200)),

@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     # Hours after which idle workers delete the stored results of durable steps
     # (``context.step``) whose job is gone, neither queued nor failed; None keeps them.
     "STEP_MAX_AGE": 168,
+    # Hours after its last node ended that idle workers delete a workflow, its nodes and edges
+    # (its jobs' results and failed jobs go by their own settings); None keeps them.
+    "WORKFLOW_MAX_AGE": 168,
     # Seconds a progress token (``progress.progress_token``) stays valid: an
     # hour, as long as a page polls one job; a page loaded again gets a new one.
     "PROGRESS_TOKEN_MAX_AGE": 3600,

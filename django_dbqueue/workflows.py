@@ -539,7 +539,7 @@ class WorkflowHandle:
     def wait(self, timeout: float | timedelta | None = None) -> WorkflowHandle:
         """Block until every node ended and return this handle, read again; after ``timeout`` seconds
         raise ``WaitTimeout`` and leave the workflow alone (reads back off from 10 ms to 0.5 s)."""
-        wait_until(self._read_finished, self._timed_out, _seconds(timeout, self.id), channel=_none, ids=set)
+        wait_until(self._read_finished, self._timed_out, _seconds(timeout, self.id), channel=lambda: None, ids=set)
         return self
 
     async def wait_async(self, timeout: float | timedelta | None = None) -> WorkflowHandle:
@@ -558,10 +558,6 @@ class WorkflowHandle:
             job_id=self.id,
             status=str(self.state),
         )
-
-
-def _none() -> None:
-    return None
 
 
 def _seconds(timeout: float | timedelta | None, workflow_id: int) -> float | None:

@@ -277,3 +277,27 @@ def limits() -> Iterator[ModuleType]:
     """The jobs of tests/testapp/limit_jobs.py (concurrency keys and rate limits), for one test."""
     with registered("limit_jobs") as module:
         yield module
+
+
+def insert_at_this_schema(row: Any) -> Any:
+    """Insert ``row`` (a ``Job`` with plain values) into the job table as it stands, writing only the
+    columns it has: the migration tests go back to schemas without the columns added since."""
+    from django_dbqueue.models import Job
+
+    table = Job._meta.db_table
+    with connection.cursor() as cursor:
+        present = {column.name for column in connection.introspection.get_table_description(cursor, table)}
+        fields = [f for f in Job._meta.concrete_fields if f.column in present and not f.primary_key]
+        qn = connection.ops.quote_name
+        sql = (
+            f"INSERT INTO {qn(table)} ({', '.join(qn(f.column) for f in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))})"
+        )
+        values = [f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
+        if connection.vendor == "postgresql":
+            cursor.execute(sql + " RETURNING " + qn(Job._meta.pk.column), values)
+            row.pk = cursor.fetchone()[0]
+        else:
+            cursor.execute(sql, values)
+            row.pk = cursor.lastrowid
+    return row

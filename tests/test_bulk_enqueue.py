@@ -306,5 +306,5 @@ def test_the_columns_an_insert_writes_are_the_models_and_a_new_row_starts_at_its
     assert set(rows.COLUMNS) == model and len(rows.COLUMNS) == len(model)
     fresh = Job()
     assert {name: getattr(fresh, name) for name in rows.START} == rows.START
-    started = {"attempts", "given_back", "cancel", "exceptions", "reserved_at", "reserved_by", "blocked"}
+    started = {"attempts", "given_back", "cancel", "exceptions", "reserved_at", "reserved_by", "blocked", "node_id"}
     assert set(rows.START) == started

@@ -25,9 +25,9 @@ from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connection, c
 from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import JobCall, claims, enqueue_many, signals
+from django_dbqueue import JobCall, claims, enqueue_many, rows, signals
 from django_dbqueue.models import Job
-from tests.conftest import listening
+from tests.conftest import insert_at_this_schema, listening
 from tests.testapp import jobs, limit_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -342,7 +342,12 @@ def test_migration_0013_goes_back_to_the_checks_and_the_function_with_defaults_a
         executor.migrate([("django_dbqueue", "0012_enqueue_indexes")])
         if connection.vendor == "postgresql":
             assert _checks_and_functions() == (9, [(15, 7)])
-        jobs.add.enqueue(1, 2)
+            jobs.add.enqueue(1, 2)  # through the function of that schema
+        else:
+            now = dt.datetime.now(dt.UTC)
+            old = rows.prepare(jobs.add.bind(1, 2))[0].to_job()
+            old.available_at = old.created_at = now
+            insert_at_this_schema(old)
         executor = MigrationExecutor(connection)
         executor.migrate(latest)
     finally:

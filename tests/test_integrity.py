@@ -27,7 +27,7 @@ from django_dbqueue.db import DbNow
 from django_dbqueue.models import INVALID_ROW_CLASS, FailedJob, FlowLimit, Job, JobBatch
 from django_dbqueue.rows import new_job
 from django_dbqueue.validation import ROW_BOUNDS, TEXT_BOUNDS, row_error
-from tests.conftest import run_worker, wait_until
+from tests.conftest import insert_at_this_schema, run_worker, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
@@ -76,7 +76,7 @@ def restore_checks() -> Iterator[None]:
             cursor.execute("ALTER TABLE dbqueue_job VALIDATE CONSTRAINT dbqueue_job_bounds")
 
 
-def _reserved(name: str = "tests.testapp.jobs.record", **values: Any) -> Job:
+def _reserved(name: str = "tests.testapp.jobs.record", *, old_schema: bool = False, **values: Any) -> Job:
     """A row reserved ten minutes ago by a worker that is gone."""
     now = dt.datetime.now(dt.UTC)
     row = Job(
@@ -91,6 +91,8 @@ def _reserved(name: str = "tests.testapp.jobs.record", **values: Any) -> Job:
         reserved_by="gone",
     )
     row.__dict__.update(values)
+    if old_schema:
+        return insert_at_this_schema(row)
     row.save(force_insert=True)
     return row
 
@@ -406,8 +408,8 @@ def test_migration_0014_moves_rows_out_of_its_bounds_aside_and_keeps_the_others(
     try:
         executor.migrate([("django_dbqueue", "0013_lighter_statements")])
         # Values the older checks admitted (or, on PostgreSQL, no check at all).
-        healthy = _reserved()
-        bad = _reserved(retry_after=0, concurrency_limit=0, concurrency_key="k")
+        healthy = _reserved(old_schema=True)
+        bad = _reserved(retry_after=0, concurrency_limit=0, concurrency_key="k", old_schema=True)
         MigrationExecutor(connection).migrate(latest)
     finally:
         MigrationExecutor(connection).migrate(latest)

@@ -24,7 +24,7 @@ from .changes import (
     run_now,
     skip_member,
 )
-from .dependencies import cancel_workflow, release_children
+from .dependencies import cancel_workflow, prune_workflows, release_children
 from .failed import cancel_unstarted
 from .reactions import (
     BATCH_ENDED_CHANNEL,
@@ -59,6 +59,7 @@ __all__ = [
     "members_ended",
     "move_aside",
     "move_unreadable",
+    "prune_workflows",
     "reclaim_expired",
     "reclaim_worker",
     "release",

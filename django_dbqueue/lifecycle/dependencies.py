@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.db import connections, transaction
@@ -319,6 +320,24 @@ def sweep(using: str) -> int:
         Job.objects.using(using).filter(pk__in=ready, blocked=True, reserved_at__isnull=True).update(blocked=False)
     )
     return changed
+
+
+def prune_workflows(hours: float, using: str | None = None) -> int:
+    """Delete the workflows whose nodes all ended more than ``hours`` ago (with their nodes and
+    edges, in one transaction each, a hundred at a time); return how many."""
+    using = using or Workflow.objects.get_queryset().db
+    cutoff = DbNow() - timedelta(hours=hours)
+    recent = WorkflowNode.objects.filter(workflow_id=OuterRef("pk")).filter(
+        Q(state=PENDING) | Q(finished_at__gte=cutoff) | Q(finished_at__isnull=True)
+    )
+    old = Workflow.objects.using(using).filter(created_at__lt=cutoff).filter(~Exists(recent)).order_by("id")
+    deleted = 0
+    while ids := list(old.values_list("pk", flat=True)[:100]):
+        with transaction.atomic(using=using):
+            WorkflowEdge.objects.using(using).filter(child__workflow_id__in=ids)._raw_delete(using)
+            WorkflowNode.objects.using(using).filter(workflow_id__in=ids)._raw_delete(using)
+            deleted += Workflow.objects.using(using).filter(pk__in=ids)._raw_delete(using) or 0
+    return deleted
 
 
 def _last_line(text: str) -> str:

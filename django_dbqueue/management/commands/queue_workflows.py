@@ -51,7 +51,9 @@ class Command(QueueCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="{list,show,retry,cancel}")
+        actions = parser.add_subparsers(
+            dest="action", required=True, metavar="{list,show,retry,cancel}", help="What to do (each has its --help)."
+        )
         listing = actions.add_parser("list", help="The workflows, newest first: state, nodes done of all.")
         listing.add_argument(
             "--state",
