@@ -45,10 +45,11 @@ BEGIN
         WHERE dbqueue_job.id = waits.job_id AND waits.parent_job IS NULL
         AND dbqueue_job.blocked AND dbqueue_job.reserved_at IS NULL RETURNING 1
     )
-    -- A parent still waiting to be claimed will see these edges done when it ends: no race.
-    SELECT count(*) INTO racing FROM waits WHERE waits.parent_job IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM dbqueue_job j WHERE j.id = waits.parent_job AND j.reserved_at IS NULL
-    );
+    -- A parent still waiting to be claimed will see these edges done when it ends: no race. (Per
+    -- child by the primary key: as an anti-join, planned for many children, it read every job.)
+    SELECT count(*) INTO racing FROM waits WHERE waits.parent_job IS NOT NULL AND (
+        SELECT j.reserved_at IS NULL FROM dbqueue_job j WHERE j.id = waits.parent_job LIMIT 1
+    ) IS NOT TRUE;
     RETURN racing;
 END;
 $$ LANGUAGE plpgsql;
