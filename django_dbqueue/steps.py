@@ -198,11 +198,12 @@ def move(using: str, pairs: Sequence[tuple[int, int]]) -> int:
     pairs = list(pairs)
     for start in range(0, len(pairs), CHUNK):
         chunk = pairs[start : start + CHUNK]
-        moved += (
-            JobStep.objects.using(using)
-            .filter(job_id__in=[old for old, _ in chunk])
-            .update(job_id=Case(*(When(job_id=old, then=Value(new)) for old, new in chunk)))
-        )
+        rows = JobStep.objects.using(using).filter(job_id__in=[old for old, _ in chunk])
+        # Most retried jobs used no steps: one read, and the UPDATE names only those that did.
+        having = set(rows.values_list("job_id", flat=True).distinct())
+        if having:
+            moves = [When(job_id=old, then=Value(new)) for old, new in chunk if old in having]
+            moved += rows.filter(job_id__in=having).update(job_id=Case(*moves))
     return moved
 
 

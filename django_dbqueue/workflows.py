@@ -34,6 +34,7 @@ from .models import (
     WorkflowEdge,
     WorkflowNode,
     record_id,
+    workflow_state,
 )
 from .registry import JobCall, JobDefinition
 from .running import current_job
@@ -442,13 +443,7 @@ class WorkflowHandle:
 
     @property
     def state(self) -> WorkflowState:
-        pending = self._counts.get(NodeState.PENDING, 0)
-        if self._row.cancelled_at is not None:
-            return WorkflowState.CANCELLING if pending else WorkflowState.CANCELLED
-        if pending:
-            return WorkflowState.RUNNING
-        bad = self._counts.get(NodeState.FAILED, 0) + self._counts.get(NodeState.CANCELLED, 0)
-        return WorkflowState.FAILED if bad else WorkflowState.SUCCEEDED
+        return workflow_state(self._row.cancelled_at is not None, self._counts)
 
     @property
     def finished(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.html import escape
@@ -24,7 +24,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from .. import workflows
-from ..models import FailedJob, NodeState, Workflow, WorkflowNode
+from ..models import FailedJob, NodeState, Workflow, workflow_state
 from ..states import WorkflowState
 from ..workflows import NodeView
 from .base import ReadOnlyAdmin, StateFilter, permission
@@ -47,28 +47,12 @@ STATUSES = {
     "failed": "failed",
     "cancelled": "cancelled (a parent failed, or by hand)",
 }
-PENDING = Q(state=NodeState.PENDING)
-STOPPED = Q(state__in=[NodeState.FAILED, NodeState.CANCELLED])
 Check = Callable[[HttpRequest], bool]
 Press = Callable[[HttpRequest, int], None]
 
 
-def _nodes(condition: Q) -> Exists:
-    return Exists(WorkflowNode.objects.filter(condition, workflow_id=OuterRef("pk")))
-
-
-# Each WorkflowState in SQL, as WorkflowHandle.state reads it from the nodes' counts.
-IN_STATE: dict[str, Q] = {
-    WorkflowState.RUNNING: Q(cancelled_at__isnull=True) & Q(_nodes(PENDING)),
-    WorkflowState.SUCCEEDED: Q(cancelled_at__isnull=True) & ~Q(_nodes(PENDING | STOPPED)),
-    WorkflowState.FAILED: Q(cancelled_at__isnull=True) & ~Q(_nodes(PENDING)) & Q(_nodes(STOPPED)),
-    WorkflowState.CANCELLING: Q(cancelled_at__isnull=False) & Q(_nodes(PENDING)),
-    WorkflowState.CANCELLED: Q(cancelled_at__isnull=False) & ~Q(_nodes(PENDING)),
-}
-
-
 def _in_state(rows: Any, *, state: str) -> QuerySet[Workflow]:
-    return rows.filter(IN_STATE[state])  # type: ignore[no-any-return]
+    return rows.in_state(state)  # type: ignore[no-any-return]
 
 
 class WorkflowStateFilter(StateFilter):
@@ -77,11 +61,7 @@ class WorkflowStateFilter(StateFilter):
 
 def state_of(row: Any) -> WorkflowState:
     """A listed workflow's state, from the counts its row was annotated with (see ``WorkflowHandle.state``)."""
-    if row.cancelled_at is not None:
-        return WorkflowState.CANCELLING if row.pending else WorkflowState.CANCELLED
-    if row.pending:
-        return WorkflowState.RUNNING
-    return WorkflowState.FAILED if row.stopped else WorkflowState.SUCCEEDED
+    return workflow_state(row.cancelled_at is not None, {NodeState.PENDING: row.pending, NodeState.FAILED: row.stopped})
 
 
 # -- the drawing ------------------------------------------------------------------

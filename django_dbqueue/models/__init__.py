@@ -35,7 +35,7 @@ from .tables import (
     TaskResultRecord,
     UniqueWindow,
 )
-from .workflows import JobStep, NodeState, Workflow, WorkflowEdge, WorkflowNode
+from .workflows import JobStep, NodeState, Workflow, WorkflowEdge, WorkflowNode, WorkflowQuerySet, workflow_state
 
 __all__ = [
     "ANALYZE_AFTER", "BATCH_STATES", "CANCEL", "CANCELLED_CLASS", "CANCEL_HARD", "DB_NOW",
@@ -43,6 +43,6 @@ __all__ = [
     "BatchState", "FailedJob", "FailedJobQuerySet", "FlowLimit", "Job", "JobBatch",
     "JobBatchQuerySet", "JobHistory", "JobProgress", "JobQuerySet", "JobStatus", "JobStep",
     "NodeState", "PausedQueue", "QueueControl", "QueueWorker", "ScheduleState", "State",
-    "TaskResultRecord", "UniqueWindow", "Workflow", "WorkflowEdge", "WorkflowNode", "check_rows",
-    "record_id", "sql_names",
+    "TaskResultRecord", "UniqueWindow", "Workflow", "WorkflowEdge", "WorkflowNode", "WorkflowQuerySet", "check_rows",
+    "record_id", "sql_names", "workflow_state",
 ]  # fmt: skip

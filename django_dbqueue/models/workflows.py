@@ -7,9 +7,12 @@ many parents into one child updates many rows once each, never one row many time
 
 from __future__ import annotations
 
-from django.db import models
-from django.db.models import Q
+from typing import Any
 
+from django.db import models
+from django.db.models import Exists, OuterRef, Q
+
+from ..states import WorkflowState
 from .jobs import QueueDatabaseManager
 
 
@@ -22,6 +25,45 @@ class NodeState(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
 
 
+def _nodes(condition: Q) -> Exists:
+    return Exists(WorkflowNode.objects.filter(condition, workflow_id=OuterRef("pk")))
+
+
+def _in_sql() -> dict[str, Q]:
+    """Each ``WorkflowState`` in SQL, as ``WorkflowHandle.state`` reads it from the nodes' counts."""
+    pending = Q(state=NodeState.PENDING)
+    stopped = Q(state__in=[NodeState.FAILED, NodeState.CANCELLED])
+    running, cancelled = Q(cancelled_at__isnull=True), Q(cancelled_at__isnull=False)
+    return {
+        WorkflowState.RUNNING: running & Q(_nodes(pending)),
+        WorkflowState.SUCCEEDED: running & ~Q(_nodes(pending | stopped)),
+        WorkflowState.FAILED: running & ~Q(_nodes(pending)) & Q(_nodes(stopped)),
+        WorkflowState.CANCELLING: cancelled & Q(_nodes(pending)),
+        WorkflowState.CANCELLED: cancelled & ~Q(_nodes(pending)),
+    }
+
+
+class WorkflowQuerySet(models.QuerySet["Workflow"]):
+    def in_state(self, *states: str) -> WorkflowQuerySet:
+        """The workflows in any of ``states`` (``WorkflowState`` values)."""
+        condition = Q(pk__in=[])
+        chosen = _in_sql()
+        for state in dict.fromkeys(states):
+            condition |= chosen[WorkflowState(state)]
+        return self.filter(condition)
+
+
+def workflow_state(cancelled: bool, counts: dict[str, Any]) -> WorkflowState:
+    """A workflow's state from its nodes' counts by ``NodeState`` (missing: 0) and whether it was cancelled."""
+    pending = counts.get(NodeState.PENDING, 0)
+    if cancelled:
+        return WorkflowState.CANCELLING if pending else WorkflowState.CANCELLED
+    if pending:
+        return WorkflowState.RUNNING
+    bad = counts.get(NodeState.FAILED, 0) + counts.get(NodeState.CANCELLED, 0)
+    return WorkflowState.FAILED if bad else WorkflowState.SUCCEEDED
+
+
 class Workflow(models.Model):
     """A graph of jobs enqueued in one transaction (workflows.py); its state is its nodes'."""
 
@@ -30,7 +72,7 @@ class Workflow(models.Model):
     created_at = models.DateTimeField()
     cancelled_at = models.DateTimeField(null=True, blank=True)
 
-    objects = QueueDatabaseManager()
+    objects = QueueDatabaseManager.from_queryset(WorkflowQuerySet)()
 
     class Meta:
         db_table = "dbqueue_workflow"

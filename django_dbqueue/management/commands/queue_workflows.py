@@ -2,31 +2,14 @@ from datetime import datetime
 from typing import Any
 
 from django.core.management.base import CommandError
-from django.db.models import Exists, OuterRef, Q
 
 from django_dbqueue import workflows
 from django_dbqueue.db import DbNow
 from django_dbqueue.management import options
 from django_dbqueue.management.base import QueueCommand
 from django_dbqueue.management.output import age, plural
-from django_dbqueue.models import NodeState, Workflow, WorkflowNode
+from django_dbqueue.models import NodeState, Workflow
 from django_dbqueue.states import WorkflowState
-
-
-def _nodes(condition: Q) -> Exists:
-    return Exists(WorkflowNode.objects.filter(condition, workflow_id=OuterRef("pk")))
-
-
-PENDING = Q(state=NodeState.PENDING)
-STOPPED = Q(state__in=[NodeState.FAILED, NodeState.CANCELLED])
-# Each WorkflowState in SQL, as WorkflowHandle.state reads it from the nodes' counts.
-IN_STATE: dict[str, Q] = {
-    WorkflowState.RUNNING: Q(cancelled_at__isnull=True) & Q(_nodes(PENDING)),
-    WorkflowState.SUCCEEDED: Q(cancelled_at__isnull=True) & ~Q(_nodes(PENDING | STOPPED)),
-    WorkflowState.FAILED: Q(cancelled_at__isnull=True) & ~Q(_nodes(PENDING)) & Q(_nodes(STOPPED)),
-    WorkflowState.CANCELLING: Q(cancelled_at__isnull=False) & Q(_nodes(PENDING)),
-    WorkflowState.CANCELLED: Q(cancelled_at__isnull=False) & ~Q(_nodes(PENDING)),
-}
 
 
 def _ago(moment: datetime | None, clock: datetime) -> str:
@@ -87,7 +70,7 @@ class Command(QueueCommand):
     def _list(self, state: str | None, limit: int) -> None:
         selected = Workflow.objects.order_by("-created_at", "-id")
         if state is not None:
-            selected = selected.filter(IN_STATE[state])
+            selected = selected.in_state(state)
         headers = ["id", "name", "state", "done", "failed", "cancelled", "created"]
         # Ages are read against the database's clock, the one that wrote the times.
         self.listing(
