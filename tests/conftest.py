@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import signal
@@ -16,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connection, connections
 
 from django_dbqueue import registry
@@ -301,3 +303,26 @@ def insert_at_this_schema(row: Any) -> Any:
             cursor.execute(sql, values)
             row.pk = cursor.lastrowid
     return row
+
+
+def ticks_while(awaitable: Callable[[], Any]) -> int:
+    """Run ``awaitable()`` in a fresh event loop beside a task ticking every 10 ms; return the ticks
+    (at least one: the loop ran on while it awaited). Closes the async side's connections after."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        ticker = asyncio.create_task(tick())
+        try:
+            await awaitable()
+        finally:
+            ticker.cancel()
+            await sync_to_async(connections.close_all)()
+
+    asyncio.run(main())
+    return ticks

@@ -16,7 +16,7 @@ from django.db import connection, connections
 from django_dbqueue import WaitTimeout, batch, batches, get_batch, handles, job
 from django_dbqueue.batches import BatchWaitTimeout
 from django_dbqueue.models import BatchState, FailedJob, Job
-from tests.conftest import run_worker, wait_until
+from tests.conftest import run_worker, ticks_while, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
@@ -74,23 +74,7 @@ def test_a_wait_that_times_out_raises_wait_timeout_and_leaves_the_batch_alone():
 def test_wait_async_lets_the_event_loop_run_while_a_worker_ends_the_batch(worker_process):
     handle = batch(jobs.record.bind("ba-1"), jobs.record.bind("ba-2")).enqueue()
     worker_process("--sleep", "0.05")
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    async def main() -> None:
-        ticker = asyncio.create_task(tick())
-        try:
-            await handle.wait_async(timeout=60)
-        finally:
-            ticker.cancel()
-            await sync_to_async(connections.close_all)()
-
-    asyncio.run(main())
+    ticks = ticks_while(lambda: handle.wait_async(timeout=60))
     assert handle.finished and handle.succeeded == 2
     assert ticks >= 1
 

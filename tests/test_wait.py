@@ -19,7 +19,7 @@ from django_dbqueue.db import IdListener, alias, notify_ids
 from django_dbqueue.handles import ENDED_CHANNEL
 from django_dbqueue.models import FailedJob, Job
 from django_dbqueue.running import current_job
-from tests.conftest import run_worker, wait_until
+from tests.conftest import run_worker, ticks_while, wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run
 
@@ -75,23 +75,7 @@ def test_wait_with_a_timedelta_and_zero():
 def test_wait_async_lets_the_event_loop_run_while_a_worker_runs_the_job(worker_process):
     handle = jobs.keep_result.enqueue(3)
     worker_process("--sleep", "0.05")
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    async def main() -> None:
-        ticker = asyncio.create_task(tick())
-        try:
-            await handle.wait_async(timeout=60)
-        finally:
-            ticker.cancel()
-            await close_async_connections()
-
-    asyncio.run(main())
+    ticks = ticks_while(lambda: handle.wait_async(timeout=60))
     assert handle.status is JobStatus.SUCCEEDED and handle.result["x"] == 3
     assert ticks >= 1
 
