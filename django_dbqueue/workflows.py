@@ -24,7 +24,7 @@ from django.db.models import Count
 from . import insert, lifecycle, payload, registry, rows, unique, validation
 from .db import DbNow, alias, read_back
 from .exceptions import WaitTimeout
-from .handles import KEEP_RESULT, JobHandle, await_until, wait_until
+from .handles import KEEP_RESULT, JobHandle, await_until, refuse_endless_wait_in_job, wait_seconds, wait_until
 from .models import (
     FailedJob,
     Job,
@@ -37,7 +37,6 @@ from .models import (
     workflow_state,
 )
 from .registry import JobCall, JobDefinition
-from .running import current_job
 from .signals import job_enqueued
 from .states import JobStatus, WorkflowState
 
@@ -533,15 +532,27 @@ class WorkflowHandle:
 
     def wait(self, timeout: float | timedelta | None = None) -> WorkflowHandle:
         """Block until every node ended and return this handle, read again; after ``timeout`` seconds
-        raise ``WaitTimeout`` and leave the workflow alone (reads back off from 10 ms to 0.5 s)."""
-        wait_until(self._read_finished, self._timed_out, _seconds(timeout, self.id), channel=lambda: None, ids=set)
+        raise ``WaitTimeout`` and leave the workflow alone. Read with backoff (10 ms, doubling to
+        0.5 s), woken on PostgreSQL when a node with no child, or any node that did not succeed, ends."""
+        wait_until(
+            self._read_finished, self._timed_out, self._checked_timeout(timeout), channel=_ended_channel, ids=self._ids
+        )
         return self
 
     async def wait_async(self, timeout: float | timedelta | None = None) -> WorkflowHandle:
-        """``wait`` for async code."""
-        seconds = await sync_to_async(_seconds)(timeout, self.id)
+        """``wait`` for async code: ``await handle.wait_async(timeout=60)``; the event loop runs on."""
+        seconds = self._checked_timeout(timeout)
         await await_until(sync_to_async(self._read_finished), self._timed_out, seconds)
         return self
+
+    def _ids(self) -> set[int | None]:
+        return {self.id}
+
+    def _checked_timeout(self, timeout: float | timedelta | None) -> float | None:
+        """``timeout`` in seconds; refuse a wait without one inside a job (the nodes may need its slot)."""
+        seconds = wait_seconds(timeout)
+        refuse_endless_wait_in_job(f"workflow {self.id}", "its nodes", seconds)
+        return seconds
 
     def _read_finished(self) -> bool:
         return self.refresh().finished
@@ -555,19 +566,8 @@ class WorkflowHandle:
         )
 
 
-def _seconds(timeout: float | timedelta | None, workflow_id: int) -> float | None:
-    """``timeout`` in seconds; refuse a wait without one inside a job (the nodes may need its slot)."""
-    if isinstance(timeout, timedelta):
-        timeout = timeout.total_seconds()
-    if timeout is not None and not timeout >= 0:
-        raise ValueError(f"timeout must be seconds (0 or more), or None to wait without end; got {timeout!r}")
-    running = current_job()
-    if running is not None and timeout is None:
-        raise RuntimeError(
-            f"{running[1]} (job {running[0]}) waits for workflow {workflow_id} without a timeout: its nodes may "
-            "need the slot this job holds, and then none ends. Pass a timeout, or add the next step as a node."
-        )
-    return timeout
+def _ended_channel() -> str:
+    return lifecycle.WORKFLOW_ENDED_CHANNEL
 
 
 def get_workflow(workflow_id: int) -> WorkflowHandle:

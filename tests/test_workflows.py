@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
-from django_dbqueue import CycleError, WaitTimeout, WorkflowState, enqueue_after, get_workflow, workflow
+from django_dbqueue import (
+    CycleError,
+    WaitTimeout,
+    WorkflowState,
+    enqueue_after,
+    get_workflow,
+    handles,
+    lifecycle,
+    workflow,
+)
+from django_dbqueue.db import IdListener
 from django_dbqueue.models import FailedJob, Job, NodeState, Workflow, WorkflowEdge, WorkflowNode
 from tests.conftest import run_worker, wait_until
 from tests.testapp import workflow_jobs as jobs
@@ -199,6 +210,71 @@ def test_waiting_for_a_workflow_returns_once_every_node_ended_and_times_out_othe
         handle.wait(timeout=0.05)
     run_worker()
     assert get_workflow(handle.id).wait(timeout=5).state == WorkflowState.SUCCEEDED
+
+
+needs_postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="announced by NOTIFY on PostgreSQL; elsewhere a wait polls"
+)
+
+
+def announced(listener: IdListener) -> set[int]:
+    """The workflow ids announced to ``listener`` so far (each wait returns at the first notification)."""
+    ids: set[int] = set()
+    while found := listener.wait(0.2):
+        ids |= found
+    return ids
+
+
+@needs_postgresql
+@pytest.mark.parametrize("leaf", ["plain", "limited"], ids=["in-the-claim", "in-python"])
+def test_a_workflow_is_announced_when_a_node_without_children_ends_well_or_any_node_ends_badly(leaf):
+    # A leaf's success is announced by dbqueue_release in the worker's claim statement; a leaf
+    # under a concurrency limit ends through the lifecycle's reactions in Python instead.
+    options = {"concurrency_key": "wf-leaf", "concurrency_limit": 1} if leaf == "limited" else {}
+    listener = IdListener("default", lifecycle.WORKFLOW_ENDED_CHANNEL)
+    assert listener.open()
+    try:
+        wf = workflow("leaves")
+        wf.add("a", jobs.node.bind("a"))
+        wf.add("b", jobs.node.using(**options).bind("b"), after=["a"])
+        good = wf.enqueue()
+        run_worker()
+        assert announced(listener) == {good.id}
+        bad = workflow("bad")
+        bad.add("a", jobs.node.bind("a2", fail=True))
+        bad.add("b", jobs.node.bind("b2"), after=["a"])
+        failing = bad.enqueue()
+        run_worker()
+        assert announced(listener) == {failing.id}
+        cancelled = diamond("cancelled").enqueue()
+        cancelled.cancel()
+        assert announced(listener) == {cancelled.id}
+    finally:
+        listener.close()
+
+
+@needs_postgresql
+def test_a_workflow_wait_is_woken_by_its_end_not_by_polling(worker_process, monkeypatch):
+    # Reads a minute apart: only the announcement can end this wait before its timeout.
+    monkeypatch.setattr(handles, "WAIT_FIRST", 60.0)
+    monkeypatch.setattr(handles, "WAIT_LONGEST", 60.0)
+    wf = workflow("woken")
+    wf.add("a", jobs.node.using(delay=1).bind("a"))
+    wf.add("b", jobs.node.bind("b"), after=["a"])
+    handle = wf.enqueue()
+    worker_process("--sleep", "0.05")
+    started = time.monotonic()
+    assert handle.wait(timeout=30).state == WorkflowState.SUCCEEDED
+    # Polling would have read it again only at the timeout (30 s): the announcement woke it.
+    assert time.monotonic() - started < 20
+
+
+def test_a_job_waiting_for_a_workflow_without_a_timeout_is_refused():
+    handle = diamond().enqueue()
+    jobs.wait_for_workflow.bind(handle.id).enqueue()
+    run_worker()
+    failed = FailedJob.objects.get(name=jobs.wait_for_workflow.name)
+    assert "without a timeout" in failed.error and f"workflow {handle.id}" in failed.error
 
 
 def test_releasing_a_fan_in_marks_each_parents_edge_once_and_the_child_runs_once():

@@ -24,7 +24,7 @@ from .changes import (
     run_now,
     skip_member,
 )
-from .dependencies import cancel_workflow, prune_workflows, release_children
+from .dependencies import WORKFLOW_ENDED_CHANNEL, cancel_workflow, prune_workflows, release_children
 from .failed import cancel_unstarted
 from .reactions import (
     BATCH_ENDED_CHANNEL,
@@ -42,6 +42,7 @@ __all__ = [
     "BATCH_ENDED_CHANNEL",
     "CALLBACKS",
     "REACTIONS",
+    "WORKFLOW_ENDED_CHANNEL",
     "cancel",
     "cancel_batch",
     "cancel_requests",

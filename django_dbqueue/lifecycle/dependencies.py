@@ -22,7 +22,7 @@ from django.db import connections, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Greatest
 
-from ..db import DbNow, bound_cursor, cached_sql
+from ..db import DbNow, bound_cursor, cached_sql, notify_ids
 from ..models import CANCEL, CANCELLED_CLASS, FailedJob, Job, NodeState, Workflow, WorkflowEdge, WorkflowNode
 from ..states import Ended
 from .failed import cancel_unstarted
@@ -30,6 +30,9 @@ from .failed import cancel_unstarted
 logger = logging.getLogger("django_dbqueue")
 
 PENDING = NodeState.PENDING
+# Where the workflows that may have ended are announced (PostgreSQL, at commit), for ``WorkflowHandle.wait``:
+# those of nodes with no child that succeeded (also sent by ``dbqueue_release``), failed or were cancelled.
+WORKFLOW_ENDED_CHANNEL = "dbqueue_workflow_ended"
 # Children released per statement.
 CHUNK = 500
 
@@ -54,6 +57,7 @@ def nodes_ended(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job
 
 def _succeeded(using: str, node_ids: Sequence[int]) -> None:
     WorkflowNode.objects.using(using).filter(pk__in=node_ids).update(state=NodeState.SUCCEEDED, finished_at=DbNow())
+    _announce(using, WorkflowNode.objects.using(using).filter(pk__in=node_ids, child_edges__isnull=True))
     marked = WorkflowEdge.objects.using(using).filter(parent_id__in=node_ids, done=False).update(done=True)
     if marked and release_children(using, node_ids) < marked:
         # A child still waits: for another parent, or for one ending now in another transaction.
@@ -189,6 +193,13 @@ def _stopped(using: str, rows: Sequence[Any]) -> None:
             state=state, error=_last_line(error), finished_at=DbNow()
         )
     cancel_below(using, sorted(set(jobs.values())))
+    _announce(using, WorkflowNode.objects.using(using).filter(pk__in=list(jobs.values())))
+
+
+def _announce(using: str, nodes: Any) -> None:
+    """Send the workflows of ``nodes`` (a query) on ``WORKFLOW_ENDED_CHANNEL`` (PostgreSQL: nothing read elsewhere)."""
+    if connections[using].vendor == "postgresql":
+        notify_ids(using, WORKFLOW_ENDED_CHANNEL, set(nodes.values_list("workflow_id", flat=True)))
 
 
 def cancel_below(using: str, node_ids: Sequence[int], *, everything: bool = False) -> int:
@@ -284,6 +295,7 @@ def cancel_workflow(workflow_id: int, using: str) -> int | None:
         Job.objects.using(using).filter(pk__in=[pk for pk in nodes if pk], reserved_at__isnull=False).update(
             cancel=Greatest(F("cancel"), CANCEL)
         )
+        notify_ids(using, WORKFLOW_ENDED_CHANNEL, [workflow_id])
     logger.info("workflow cancelled id=%s nodes_cancelled=%s", workflow_id, len(moved))
     return len(moved)
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_dbqueue import job
+from django_dbqueue import get_workflow, job
 
 from .models import Run
 
@@ -45,3 +45,9 @@ def slow_node(key: str, marker: str, seconds: float = 0.5) -> str:
     time.sleep(seconds)
     Run.objects.create(key=key, pid=os.getpid())
     return key
+
+
+@job(tries=1)
+def wait_for_workflow(workflow_id: int) -> None:
+    """Wait for a workflow without a timeout (refused inside a job: its nodes may need this slot)."""
+    get_workflow(workflow_id).wait()
