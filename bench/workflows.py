@@ -96,7 +96,9 @@ def drain(graph: bool, nodes: int, workers: int) -> tuple[float, LockWaits]:
     subprocess.run([sys.executable, "-c", FILL.format(graph=graph, nodes=nodes)], env=env(), cwd=ROOT, check=True)
     with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
         conn.execute("CHECKPOINT")
-    command = [sys.executable, "-m", "django", "queue_work", "--stop-when-empty", "--sleep", "0", "-v", "0"]
+    # --until-done, not --stop-when-empty: a worker that finds nothing to claim while the root runs
+    # must wait for the nodes it releases (woken by the release's NOTIFY), not leave.
+    command = [sys.executable, "-m", "django", "queue_work", "--until-done", "--sleep", "1", "-v", "0"]
     started = time.monotonic()
     with LockWaits() as waits:
         processes = [subprocess.Popen(command, env=env(), cwd=ROOT) for _ in range(workers)]

@@ -251,6 +251,22 @@ def cached_sql(build: Callable[[Any], str]) -> Callable[[Any], str]:
     return sql
 
 
+# Where idle workers listen for queues with jobs ready to claim (``listener``): a NOTIFY's payload
+# is a queue's name. The INSERT trigger of migration 0002 and ``dbqueue_release`` send it too.
+QUEUE_CHANNEL = "dbqueue"
+
+
+def notify_queues(using: str, queues: Iterable[str]) -> None:
+    """Wake the workers listening for ``queues`` (PostgreSQL; nothing elsewhere) when the caller's
+    transaction commits: jobs there became ready otherwise than by an INSERT."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for queue in sorted(set(queues)):
+            cursor.execute("SELECT pg_notify(%s, %s)", [QUEUE_CHANNEL, queue])
+
+
 # What one NOTIFY may carry (PostgreSQL's limit is 8,000 bytes): ids are joined in chunks of this.
 NOTIFY_IDS = 400
 

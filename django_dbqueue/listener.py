@@ -13,11 +13,11 @@ from django.db import DatabaseError, connections
 
 from . import conf
 from .claims import forget_paused
-from .db import alias, drop_connection, error_text
+from .db import QUEUE_CHANNEL, alias, drop_connection, error_text
 
 logger = logging.getLogger("django_dbqueue")
 
-CHANNEL = "dbqueue"
+CHANNEL = QUEUE_CHANNEL
 
 
 class Listener:
@@ -26,6 +26,11 @@ class Listener:
     def __init__(self, using: str | None = None) -> None:
         self.using = using or alias()
         self._listening_on: Any = None
+        # Queues named by notifications that came in while the connection ran a statement (a claim,
+        # or the commit of the worker's own release): psycopg hands those to its handlers, and
+        # without one keeps them in a list that grows for the connection's life.
+        self._heard: set[str] = set()
+        self._heard_on: Any = None
 
     @classmethod
     def configured(cls) -> Listener | None:
@@ -50,6 +55,9 @@ class Listener:
         try:
             connection.ensure_connection()
             raw = connection.connection
+            if raw is not self._heard_on:
+                raw.add_notify_handler(self._hear)
+                self._heard_on = raw
             if raw is not self._listening_on:
                 with connection.cursor() as cursor:
                     cursor.execute(f"LISTEN {CHANNEL}")
@@ -60,13 +68,22 @@ class Listener:
             self._forget()
             return None
 
+    def _hear(self, notification: Any) -> None:
+        self._heard.add(notification.payload)
+
+    def heard(self) -> bool:
+        """Whether a notification came in during a statement since the last ``drain`` (then the
+        socket stays quiet: wake without waiting)."""
+        return bool(self._heard)
+
     def drain(self) -> int:
         """Read the notifications that arrived; return how many."""
         connection = connections[self.using]
         raw = connection.connection
+        queues: list[str] = list(self._heard)
+        self._heard.clear()
         if raw is None:
-            return 0
-        queues: list[str] = []
+            return len(queues)
         try:
             raw.pgconn.consume_input()
             while (notification := raw.pgconn.notifies()) is not None:

@@ -11,13 +11,12 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from . import conf, registry, schedules
 from .claims import forget_paused
-from .db import DbNow, alias
+from .db import DbNow, alias, notify_queues
 from .exceptions import UnknownQueue
-from .listener import CHANNEL
 from .models import FailedJob, Job, PausedQueue
 from .operations import served_queues
 from .signals import queue_paused, queue_resumed
@@ -67,10 +66,7 @@ def resume_many(queues: Iterable[str]) -> dict[str, bool]:
             changed[queue] = bool(deleted)
         _forget_paused(using)
         resumed = [queue for queue, was_paused in changed.items() if was_paused]
-        if resumed and connections[using].vendor == "postgresql":
-            with connections[using].cursor() as cursor:
-                for queue in resumed:
-                    cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, queue])
+        notify_queues(using, resumed)
     _announce(queue_resumed, "resumed", changed)
     return changed
 

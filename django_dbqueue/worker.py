@@ -524,6 +524,9 @@ class Worker:
         self.executor.pause()
         waiting_on = [self._wake_r]
         listen_fd = self._listener.fileno() if listen and self._listener is not None else None
+        if listen_fd is not None and self._listener is not None and self._listener.heard():
+            self._listener.drain()
+            return True
         if listen_fd is not None:
             waiting_on.append(listen_fd)
         ready, _, _ = select.select(waiting_on, [], [], seconds)

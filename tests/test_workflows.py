@@ -269,6 +269,40 @@ def test_a_workflow_wait_is_woken_by_its_end_not_by_polling(worker_process, monk
     assert time.monotonic() - started < 20
 
 
+@needs_postgresql
+@pytest.mark.parametrize("parent", ["plain", "limited"], ids=["in-the-claim", "in-python"])
+def test_a_released_child_wakes_the_idle_workers_of_its_queue(parent, worker_process):
+    # The child's queue is served only by a worker that polls every 30 s: only the release's
+    # NOTIFY can make it claim the child within seconds (an UPDATE fires no INSERT trigger).
+    options = {"concurrency_key": "wf-parent", "concurrency_limit": 1} if parent == "limited" else {}
+    idle = worker_process("--queue", "released-here", "--sleep", "30")
+    idle.wait_for_output("worker started")
+    time.sleep(2)  # past its first, empty claim: it sleeps, listening
+    wf = workflow("wake")
+    wf.add("a", jobs.node.using(**options).bind("a"))
+    wf.add("b", jobs.node.using(queue="released-here").bind("b"), after=["a"])
+    wf.enqueue()
+    started = time.monotonic()
+    run_worker(queues=["default"])
+    wait_until(lambda: Run.objects.filter(key="b").exists(), 20, "the released child waited for the next poll")
+    assert time.monotonic() - started < 20
+
+
+@needs_postgresql
+def test_a_worker_claims_the_children_its_own_claim_statement_released_without_waiting_for_its_poll(worker_process):
+    # One worker: the statement that deletes "a" releases "b" but cannot see it (one snapshot);
+    # the worker must claim again rather than sleep its 30 s poll.
+    wf = workflow("self")
+    wf.add("a", jobs.node.bind("a"))
+    wf.add("b", jobs.node.bind("b"), after=["a"])
+    wf.enqueue()
+    worker_process("--sleep", "30")
+    wait_until(lambda: Run.objects.filter(key="a").exists(), 20, "a never ran")
+    started = time.monotonic()
+    wait_until(lambda: Run.objects.filter(key="b").exists(), 20, "the worker slept past its own release")
+    assert time.monotonic() - started < 20
+
+
 def test_a_job_waiting_for_a_workflow_without_a_timeout_is_refused():
     handle = diamond().enqueue()
     jobs.wait_for_workflow.bind(handle.id).enqueue()

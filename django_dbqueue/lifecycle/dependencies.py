@@ -22,7 +22,7 @@ from django.db import connections, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Greatest
 
-from ..db import DbNow, bound_cursor, cached_sql, notify_ids
+from ..db import DbNow, bound_cursor, cached_sql, notify_ids, notify_queues
 from ..models import CANCEL, CANCELLED_CLASS, FailedJob, Job, NodeState, Workflow, WorkflowEdge, WorkflowNode
 from ..states import Ended
 from .failed import cancel_unstarted
@@ -130,7 +130,8 @@ def _release_sql(connection: Any) -> str:
         f"WHERE {n['job']}.{n['j_id']} = c.{n['n_job_id']} AND ("
         f"SELECT u.{n['e_parent_id']} FROM {n['edge']} u WHERE u.{n['e_child_id']} = c.{n['n_id']} "
         f"AND NOT u.{n['e_done']} ORDER BY u.{n['e_parent_id']} DESC LIMIT 1) IS NULL "
-        f"AND {n['job']}.{n['j_blocked']} AND {n['job']}.{n['j_reserved_at']} IS NULL"
+        f"AND {n['job']}.{n['j_blocked']} AND {n['job']}.{n['j_reserved_at']} IS NULL "
+        f"RETURNING {n['job']}.{n['j_queue']}"
     )
 
 
@@ -146,14 +147,17 @@ def delete_and_release(using: str, jobs: Sequence[Job]) -> set[int]:
 
 
 def release_children(using: str, parent_ids: Iterable[int]) -> int:
-    """Unblock the job rows of the children of ``parent_ids`` whose edges are all done; return how many.
-    Safe to repeat: a row already unblocked, running or gone is left alone."""
+    """Unblock the job rows of the children of ``parent_ids`` whose edges are all done (and wake the
+    workers listening for their queues); return how many. Safe to repeat: a row already unblocked,
+    running or gone is left alone."""
     parent_ids = list(parent_ids)
     connection = connections[using]
     if connection.vendor == "postgresql":
         with bound_cursor(connection) as cursor:
             cursor.execute(_release_sql(connection), [parent_ids])
-            return int(cursor.rowcount)
+            queues = [queue for (queue,) in cursor.fetchall()]
+        notify_queues(using, queues)
+        return len(queues)
     # The children first, by the parents' index: a plan that starts from every pending node costs
     # a drain of a large graph a scan per release.
     edges = WorkflowEdge.objects.using(using).filter(parent_id__in=parent_ids)
