@@ -4,6 +4,7 @@ statement are heard, not lost to the next poll, and not kept by psycopg for the 
 from __future__ import annotations
 
 import select
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -13,6 +14,13 @@ from django_dbqueue.listener import CHANNEL, Listener
 from tests.conftest import needs_listen
 
 pytestmark = [pytest.mark.django_db(transaction=True), needs_listen]
+
+
+@pytest.fixture(autouse=True)
+def fresh_connection() -> Iterator[None]:
+    """The tests LISTEN on this process's connection: the next test gets a new one, not listening."""
+    yield
+    connection.close()
 
 
 def notify(queues: list[str]) -> None:

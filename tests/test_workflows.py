@@ -230,7 +230,8 @@ def announced(listener: IdListener) -> set[int]:
 def test_a_workflow_is_announced_when_a_node_without_children_ends_well_or_any_node_ends_badly(leaf):
     # A leaf's success is announced by dbqueue_release in the worker's claim statement; a leaf
     # under a concurrency limit ends through the lifecycle's reactions in Python instead.
-    options = {"concurrency_key": "wf-leaf", "concurrency_limit": 1} if leaf == "limited" else {}
+    # (A queue of its own: a limit moves its queue to the flow claim for the rest of this process.)
+    options = {"concurrency_key": "wf-leaf", "concurrency_limit": 1, "queue": "limited"} if leaf == "limited" else {}
     listener = IdListener("default", lifecycle.WORKFLOW_ENDED_CHANNEL)
     assert listener.open()
     try:
@@ -238,13 +239,13 @@ def test_a_workflow_is_announced_when_a_node_without_children_ends_well_or_any_n
         wf.add("a", jobs.node.bind("a"))
         wf.add("b", jobs.node.using(**options).bind("b"), after=["a"])
         good = wf.enqueue()
-        run_worker()
+        run_worker(queues=["default", "limited"])
         assert announced(listener) == {good.id}
         bad = workflow("bad")
         bad.add("a", jobs.node.bind("a2", fail=True))
         bad.add("b", jobs.node.bind("b2"), after=["a"])
         failing = bad.enqueue()
-        run_worker()
+        run_worker(queues=["default", "limited"])
         assert announced(listener) == {failing.id}
         cancelled = diamond("cancelled").enqueue()
         cancelled.cancel()
@@ -274,7 +275,8 @@ def test_a_workflow_wait_is_woken_by_its_end_not_by_polling(worker_process, monk
 def test_a_released_child_wakes_the_idle_workers_of_its_queue(parent, worker_process):
     # The child's queue is served only by a worker that polls every 30 s: only the release's
     # NOTIFY can make it claim the child within seconds (an UPDATE fires no INSERT trigger).
-    options = {"concurrency_key": "wf-parent", "concurrency_limit": 1} if parent == "limited" else {}
+    limited = {"concurrency_key": "wf-parent", "concurrency_limit": 1, "queue": "limited"}
+    options = limited if parent == "limited" else {}
     idle = worker_process("--queue", "released-here", "--sleep", "30")
     idle.wait_for_output("worker started")
     time.sleep(2)  # past its first, empty claim: it sleeps, listening
@@ -283,7 +285,7 @@ def test_a_released_child_wakes_the_idle_workers_of_its_queue(parent, worker_pro
     wf.add("b", jobs.node.using(queue="released-here").bind("b"), after=["a"])
     wf.enqueue()
     started = time.monotonic()
-    run_worker(queues=["default"])
+    run_worker(queues=["default", "limited"])
     wait_until(lambda: Run.objects.filter(key="b").exists(), 20, "the released child waited for the next poll")
     assert time.monotonic() - started < 20
 
