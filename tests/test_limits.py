@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.test import override_settings
 
 from django_dbqueue import enqueue_many, job, rates, registry
@@ -148,6 +149,33 @@ def test_a_saturated_key_does_not_block_the_other_keys_behind_it(worker_process,
     assert_one_at_a_time(hog)
     assert min(run["started"] for name, run in hog.items() if name != "hog:0") >= hog["hog:0"]["ended"]
     assert {run["attempt"] for run in [*hog.values(), *spans("free").values()]} == {1}
+    assert not Job.objects.exists() and not FailedJob.objects.exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY wakes are PostgreSQL's; elsewhere workers poll")
+@pytest.mark.one_django
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.acceptance
+def test_a_freed_slot_wakes_the_idle_workers_of_the_queue_its_blocked_job_waits_in(worker_process, limits):
+    # The waiting job's queue is served by a worker that polls every 30 s (and sweeps only when
+    # its sleep ends): only the unblock's NOTIFY can make it claim the job within seconds.
+    woken = "limits-woken"
+    holder = worker_process("--queue", limits.KEYS_QUEUE, "--sleep", "0.05", env=WORKER_ENV)
+    idle = worker_process("--queue", woken, "--sleep", "30", env=WORKER_ENV)
+    holder.wait_for_output("worker started")
+    idle.wait_for_output("worker started")
+    limits.keyed_until_released.enqueue("wake", 0)
+    wait_until(lambda: Attempt.objects.filter(key="wake:0").exists(), 30, "the key's first job never started")
+    # Enqueued in the idle worker's queue: its INSERT wakes that worker, whose claim finds the
+    # key's one slot taken and blocks the row; then it sleeps its 30 s.
+    limits.keyed.using(queue=woken).enqueue("wake", 1)
+    wait_until(lambda: Job.objects.blocked().filter(queue=woken).exists(), 30, "the second job was never blocked")
+    time.sleep(0.5)  # the idle worker back in its sleep
+    Run.objects.create(key="release:wake")
+    released = time.monotonic()
+    wait_until(lambda: ran("wake:1") == 1, 20, "the unblocked job waited for its worker's next poll")
+    assert time.monotonic() - released < 20
+    stop([holder, idle])
     assert not Job.objects.exists() and not FailedJob.objects.exists()
 
 

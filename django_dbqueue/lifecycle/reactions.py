@@ -21,7 +21,7 @@ from django.db.models.functions import RowNumber
 
 from .. import insert
 from ..concurrency import limit_key
-from ..db import DbNow, alias, error_text, notify_ids
+from ..db import DbNow, alias, error_text, notify_ids, notify_queues
 from ..exceptions import PayloadError
 from ..models import FlowLimit, Job, JobBatch, WorkflowEdge
 from ..rows import new_job
@@ -123,10 +123,14 @@ def unblock(using: str, keys: Iterable[str | None]) -> int:
             blocked.filter(concurrency_key__in=list(free))
             .annotate(rank=Window(RowNumber(), partition_by=F("concurrency_key"), order_by=order))
             .filter(rank__lte=max(free.values()))
-            .values_list("pk", "concurrency_key", "rank")
+            .values_list("pk", "concurrency_key", "rank", "queue")
         )
-        ids = [pk for pk, key, rank in ranked if key and rank <= free[key]]
-        return Job.objects.using(using).filter(pk__in=ids, blocked=True).update(blocked=False)
+        chosen = {pk: queue for pk, key, rank, queue in ranked if key and rank <= free[key]}
+        count = Job.objects.using(using).filter(pk__in=list(chosen), blocked=True).update(blocked=False)
+        if count:
+            # An UPDATE fires no INSERT trigger: wake the idle workers of those queues.
+            notify_queues(using, chosen.values())
+        return count
 
 
 def sweep(using: str) -> int:
