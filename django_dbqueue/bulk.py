@@ -54,7 +54,7 @@ class JobFilter:
 
     def failed(self) -> QuerySet[FailedJob]:
         """The failed jobs it selects."""
-        failed = FailedJob.objects.get_queryset()
+        failed: QuerySet[FailedJob] = FailedJob.objects.get_queryset()
         if self.error_contains is not None:
             failed = error_contains(failed, self.error_contains)
         return self._common(failed, "failed_at")
@@ -124,6 +124,12 @@ def failed_to_retry(selection: QuerySet[FailedJob], last_id: int | None = None) 
 def waiting_to_cancel(selection: QuerySet[Job], last_id: int | None = None) -> Counted:
     """Count the jobs ``selection`` holds that nobody has reserved (waiting, delayed, blocked), to cancel them."""
     return count(selection.filter(reserved_at__isnull=True), last_id)
+
+
+def running(selection: QuerySet[Job]) -> int:
+    """How many jobs of ``selection`` a worker holds: a bulk cancel leaves them to run (cancel one by id
+    to ask it to stop)."""
+    return selection.filter(reserved_at__isnull=False).count()
 
 
 def retry_all(counted: Counted, *, chunk_size: int = CHUNK, progress: Callable[[int], object] | None = None) -> int:
