@@ -16,8 +16,7 @@ from django_dbqueue.operations import parse_ids
 
 # A century: more is a typo, and the database's date arithmetic overflows long before timedelta's.
 MAX_HOURS = 100 * 365 * 24
-# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
-MAX_ID = 2**63 - 1
+MAX_ID = validation.MAX_ID
 ALL = "all"
 
 
