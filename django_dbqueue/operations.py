@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 
-from . import conf, lifecycle, workers
+from . import bulk, conf, lifecycle, workers
 from .db import DbNow, alias, read_back
 from .exceptions import FailedJobsNotFound
-from .insert import analyze_if_large
-from .models import ANALYZE_AFTER, FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
+from .models import FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
 
 RESTART_KEY = "restart"
-# Failed jobs retried per transaction: bounded memory and lock time, and an interrupted retry leaves
-# each job retried or still failed. Under ANALYZE_AFTER, so PostgreSQL analyzes once at the end.
-RETRY_CHUNK = ANALYZE_AFTER - 1
+# Failed jobs retried per transaction (bulk.py): bounded memory and lock time, and an interrupted
+# retry leaves each job retried or still failed.
+RETRY_CHUNK = bulk.CHUNK
 # Query parameters per statement when selecting by explicit ids: far under every database's limit.
 IDS_PER_QUERY = 1000
 
@@ -127,6 +126,8 @@ def unserved(stats: Iterable[QueueStats], max_age: float | None = None) -> list[
 # The admin's actions, named here with the commands' operations.
 delete_unreserved = lifecycle.delete_unreserved
 run_now = lifecycle.run_now
+# Retry a selection of failed jobs, a chunk per transaction (bulk.py, with the bulk actions on a filter).
+retry_failed = bulk.retry_failed
 
 
 def cancel_jobs(ids: Iterable[int], *, hard: bool = False, reason: str = "") -> dict[int, str]:
@@ -138,37 +139,6 @@ def release_expired(jobs: QuerySet[Job] | None = None) -> int:
     """Reclaim the expired reservations among ``jobs`` (all jobs if None); return how many."""
     ids = list(jobs.values_list("pk", flat=True)) if jobs is not None else None
     return lifecycle.reclaim_expired(ids=ids)
-
-
-def retry_failed(
-    failed: QuerySet[FailedJob],
-    *,
-    chunk_size: int = RETRY_CHUNK,
-    progress: Callable[[int], object] | None = None,
-) -> int:
-    """Put failed jobs back as fresh jobs, ``chunk_size`` ids per transaction in id order; return how many.
-
-    ``progress`` gets the number retried after each chunk; if anything raises, the chunks done stay retried.
-    """
-    retried = 0
-    for chunk in _id_chunks(failed, chunk_size):
-        retried += len(lifecycle.retry(FailedJob.objects.filter(pk__in=chunk)))
-        if progress is not None:
-            progress(retried)
-    analyze_if_large(failed.db, retried)
-    return retried
-
-
-def _id_chunks(selection: QuerySet[FailedJob], chunk_size: int) -> Iterator[list[int]]:
-    """The ids of ``selection`` in ascending order, ``chunk_size`` at a time, each read after the last was used."""
-    limit = connections[selection.db].features.max_query_params
-    size = max(1, min(chunk_size, limit) if limit else chunk_size)
-    page = selection.order_by("pk")
-    while chunk := list(page.values_list("pk", flat=True)[:size]):
-        yield chunk
-        if len(chunk) < size:
-            return
-        page = selection.order_by("pk").filter(pk__gt=chunk[-1])
 
 
 def _failed_older_than(hours: float | None) -> QuerySet[FailedJob]:

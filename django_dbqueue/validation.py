@@ -23,6 +23,8 @@ QUEUE_NAME_MAX_LENGTH = 100
 MAX_TRIES = 32767
 # ``retry_after`` and ``timeout`` are IntegerFields (seconds; 2**31 - 1 on every database).
 MAX_SECONDS = 2**31 - 1
+# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
+MAX_ID = 2**63 - 1
 # ``priority``: Django's Tasks framework's range.
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 

@@ -228,7 +228,8 @@ def test_retry_of_an_id_that_does_not_exist_names_it_and_retries_nothing():
 @db
 def test_retry_without_a_selection_says_what_to_pass():
     assert error_of("queue_retry") == (
-        "Say which failed jobs to retry: ids (queue_retry 3 5-9 12,14), --queue QUEUE, --name NAME, or all."
+        "Say which failed jobs to retry: ids (queue_retry 3 5-9 12,14), a selection (--queue QUEUE, --name NAME, "
+        "--error-contains TEXT, --since WHEN, --until WHEN), or all."
     )
 
 
@@ -242,10 +243,10 @@ def test_retry_by_queue_by_name_and_by_both():
     emails_record = fail(jobs.record, "a", queue="emails")
     emails_other = fail(jobs.always_fail, "b", queue="emails")
     default_record = fail(jobs.record, "c")
-    assert "1 job(s)" in run("queue_retry", "--queue", "emails", "--name", "tests.testapp.jobs.record")
+    assert "1 job(s)" in run("queue_retry", "--queue", "emails", "--name", "tests.testapp.jobs.record", "--force")
     assert set(FailedJob.objects.values_list("pk", flat=True)) == {emails_other.pk, default_record.pk}
-    assert "1 job(s)" in run("queue_retry", "--name", "tests.testapp.jobs.record")
-    assert "1 job(s)" in run("queue_retry", "--queue", "emails")
+    assert "1 job(s)" in run("queue_retry", "--name", "tests.testapp.jobs.record", "--force")
+    assert "1 job(s)" in run("queue_retry", "--queue", "emails", "--force")
     assert not FailedJob.objects.exists()
     assert sorted(Job.objects.values_list("payload", flat=True)) == sorted(
         row.payload for row in (emails_record, emails_other, default_record)
@@ -257,7 +258,7 @@ def test_retry_by_queue_by_name_and_by_both():
 def test_retry_all_puts_every_failed_job_back():
     for index in range(3):
         fail(jobs.record, f"k{index}", queue=f"q{index}")
-    assert run("queue_retry", "all").strip() == "3 job(s) were put back on the queue."
+    assert run("queue_retry", "all", "--force").strip() == "3 job(s) were put back on the queue."
     assert Job.objects.count() == 3 and not FailedJob.objects.exists()
 
 
@@ -604,7 +605,7 @@ def test_retry_on_a_terminal_draws_a_progress_line_and_a_summary(monkeypatch):
     for index in range(5):
         fail(jobs.record, f"k{index}")
     terminal = Terminal()
-    call_command("queue_retry", "all", stdout=terminal)
+    call_command("queue_retry", "all", "--force", stdout=terminal)
     out = terminal.getvalue()
     assert "\rRetrying: 5 / 5 (100%)" in out
     lines = out.split("\n")
@@ -616,7 +617,7 @@ def test_retry_on_a_terminal_draws_a_progress_line_and_a_summary(monkeypatch):
 def test_retry_off_a_terminal_prints_only_the_summary():
     for index in range(3):
         fail(jobs.record, f"k{index}")
-    assert run("queue_retry", "all") == "3 job(s) were put back on the queue.\n"
+    assert run("queue_retry", "all", "--force") == "3 job(s) were put back on the queue.\n"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -633,7 +634,7 @@ def test_an_interrupted_retry_command_says_how_many_were_retried_and_that_the_re
 
     job_enqueued.connect(interrupt_the_second_chunk, sender=FailedJob)
     try:
-        message = error_of("queue_retry", "all")
+        message = error_of("queue_retry", "all", "--force")
     finally:
         job_enqueued.disconnect(interrupt_the_second_chunk, sender=FailedJob)
     assert message == (

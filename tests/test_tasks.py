@@ -136,7 +136,7 @@ def test_a_task_retried_from_failed_job_follows_the_new_run():
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     Run.objects.create(key="gate-allow")
-    call_command("queue_retry", "all")
+    call_command("queue_retry", "all", "--force")
     result.refresh()
     assert result.status == TaskResultStatus.READY and result.finished_at is None
     run_worker()

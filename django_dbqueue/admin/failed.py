@@ -12,23 +12,37 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.html import format_html
 from django.utils.translation import ngettext
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
-from .. import lifecycle
+from .. import bulk, lifecycle
 from ..models import FailedJob
 from ..operations import retry_failed
 from .base import ReadOnlyAdmin, permission, pretty_payload
+from .matching import BulkAction, TextFilter, matching_view
 
 # Characters of a failed job's error read for the change list's one-line
 # summary: the end of the traceback, where the exception line is.
 ERROR_TAIL = 1000
 # Characters of that line the column shows.
 SUMMARY_LENGTH = 120
+# Failed jobs retried per transaction by "Retry all matching".
+RETRY_CHUNK = bulk.CHUNK
+
+
+class ErrorFilter(TextFilter):
+    """The failed jobs whose error holds a text, whatever its case: a scan of the errors, run only when asked."""
+
+    title = "error contains"
+    parameter_name = "error"
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[FailedJob]) -> QuerySet[FailedJob]:
+        value = self.value()
+        return bulk.error_contains(queryset, value) if value and value.strip() else queryset
 
 
 class FailedJobAdmin(ReadOnlyAdmin):
     list_display = ["id", "name", "queue", "attempts", "failed_at", "exception_class", "short_error"]
-    list_filter = ["queue", "name", "exception_class", "failed_at"]
+    list_filter = ["queue", "name", "exception_class", "failed_at", ErrorFilter]
     # Not the error: a LIKE over every traceback is a full scan of the biggest column.
     search_fields = ["name", "queue", "=id"]
     changelist_defer = ["payload", "error"]
@@ -58,7 +72,12 @@ class FailedJobAdmin(ReadOnlyAdmin):
 
     def get_urls(self) -> list[Any]:
         retry = self.admin_site.admin_view(require_POST(self.retry_view))
-        return [path("<int:pk>/retry/", retry, name="django_dbqueue_failedjob_retry"), *super().get_urls()]
+        matching = self.admin_site.admin_view(require_http_methods(["GET", "POST"])(self.retry_matching_view))
+        return [
+            path("<int:pk>/retry/", retry, name="django_dbqueue_failedjob_retry"),
+            path("retry-matching/", matching, name="django_dbqueue_failedjob_retry_matching"),
+            *super().get_urls(),
+        ]
 
     @admin.display(description="error")
     def short_error(self, failed: FailedJob) -> str:
@@ -100,6 +119,23 @@ class FailedJobAdmin(ReadOnlyAdmin):
         else:
             messages.warning(request, f"Failed job {pk} no longer exists.")
         return self.redirect("failedjob_changelist")
+
+    def retry_matching_view(self, request: HttpRequest) -> HttpResponse:
+        """Retry every failed job the list's current filter selects, after a page with their count."""
+        action = BulkAction(
+            allowed=self.has_retry_permission,
+            count=bulk.failed_to_retry,
+            act=lambda request, counted: bulk.retry_all(counted, chunk_size=RETRY_CHUNK),
+            title="Retry all matching failed jobs",
+            verb="Retry",
+            nouns=("failed job", "failed jobs"),
+            done=("%s job was put back on the queue.", "%s jobs were put back on the queue."),
+        )
+        return matching_view(self, request, action)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_retry": self.has_retry_permission(request)}
+        return super().changelist_view(request, extra_context=extra)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None

@@ -13,15 +13,19 @@ from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django.urls import path
 from django.utils.translation import ngettext
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
+from .. import bulk
 from ..db import DbNow
 from ..models import Job, JobProgress, JobQuerySet, State
 from ..operations import cancel_jobs, delete_unreserved, job_state, release_expired, run_now
 from . import dashboard
 from .base import GoneError, ReadOnlyAdmin, StateFilter, permission, pretty_payload
 from .dashboard import pause_for
+from .matching import BulkAction, matching_view
 
+# Jobs cancelled per transaction by "Cancel all matching".
+CANCEL_CHUNK = bulk.CHUNK
 RESERVED_REFUSAL = (
     "a worker has reserved it and may be running it. Deleting it would drop its outcome and, in a chain, "
     "the steps still to run; cancel it instead (the Cancel actions), or delete it once it is waiting again."
@@ -71,6 +75,11 @@ class JobAdmin(ReadOnlyAdmin):
             path("overview/", view(dashboard.overview_for(self)), name="django_dbqueue_overview"),
             path("overview/pause/", view(require_POST(pause_for(self, pause=True))), name="django_dbqueue_pause"),
             path("overview/resume/", view(require_POST(pause_for(self, pause=False))), name="django_dbqueue_resume"),
+            path(
+                "cancel-matching/",
+                view(require_http_methods(["GET", "POST"])(self.cancel_matching_view)),
+                name="django_dbqueue_job_cancel_matching",
+            ),
             *super().get_urls(),
         ]
 
@@ -156,6 +165,42 @@ class JobAdmin(ReadOnlyAdmin):
     @admin.action(description="Cancel selected jobs, stopping running ones at once", permissions=["cancel"])
     def cancel_selected_hard(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         self._cancel(request, queryset, hard=True)
+
+    def cancel_matching_view(self, request: HttpRequest) -> HttpResponse:
+        """Cancel every job nobody holds that the list's current filter selects, after a page with their
+        count; running jobs are left to run (the Cancel selected actions ask them to stop)."""
+
+        def cancel(request: HttpRequest, counted: bulk.Counted) -> int:
+            reason = f"cancelled in the admin by {request.user.get_username()}"
+            return bulk.cancel_all(counted, reason=reason, chunk_size=CANCEL_CHUNK)
+
+        def running(selection: QuerySet[Job]) -> str:
+            count = bulk.running(selection)
+            if not count:
+                return ""
+            return (
+                f"{count:,} running job(s) match too and are left to run: select them and use a Cancel "
+                "selected action to ask them to stop."
+            )
+
+        action = BulkAction(
+            allowed=self.has_cancel_permission,
+            count=bulk.waiting_to_cancel,
+            act=cancel,
+            title="Cancel all matching waiting jobs",
+            verb="Cancel",
+            nouns=("waiting job", "waiting jobs"),
+            done=(
+                "%s job was cancelled; it is listed with the failed jobs.",
+                "%s jobs were cancelled; they are listed with the failed jobs.",
+            ),
+            note=running,
+        )
+        return matching_view(self, request, action)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_cancel": self.has_cancel_permission(request)}
+        return super().changelist_view(request, extra_context=extra)
 
     def _cancel(self, request: HttpRequest, queryset: QuerySet[Job], *, hard: bool) -> None:
         reason = f"cancelled in the admin by {request.user.get_username()}"

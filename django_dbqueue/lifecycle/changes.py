@@ -32,7 +32,7 @@ from ..models import (
 from ..rows import follow_ups
 from ..signals import job_cancelled
 from . import dependencies
-from .failed import failed_values, gone
+from .failed import cancel_unstarted, failed_values, gone
 from .reactions import CANCELLED, FAILED, RELEASED, SUCCEEDED, members_ended, react, reacts
 
 logger = logging.getLogger("django_dbqueue")
@@ -192,8 +192,7 @@ def cancel(job_id: int, *, hard: bool = False, reason: str = "") -> str:
             if job is None:
                 return "missing"
             if job.reserved_at is None:
-                error = f"{job.name} (job {job.pk}) was cancelled before it ran{f': {reason}' if reason else '.'}"
-                failed = fail(job, error=error, exception_class=CANCELLED_CLASS)
+                failed = fail(job, error=cancelled_error(job, reason), exception_class=CANCELLED_CLASS)
                 if failed is not None:
                     send = functools.partial(job_cancelled.send_robust, sender=Job, job_id=job.pk, failed_job=failed)
                     transaction.on_commit(send, using=queryset.db, robust=True)
@@ -202,6 +201,23 @@ def cancel(job_id: int, *, hard: bool = False, reason: str = "") -> str:
             if queryset.held(job).filter(reserved_at__isnull=False).update(cancel=Greatest(F("cancel"), level)):
                 return "requested"
     return "missing"
+
+
+def cancel_unreserved(job_ids: Sequence[int], *, reason: str = "") -> list[Job]:
+    """Cancel the jobs among ``job_ids`` that nobody holds, in one transaction, as ``cancel`` cancels
+    one (moved to ``FailedJob`` as cancelled, told to the reactions as failed); return them. The
+    rows a worker holds are left to it."""
+    using = alias()
+    with transaction.atomic(using=using):
+        rows = cancel_unstarted(job_ids, functools.partial(cancelled_error, reason=reason), using)
+        if rows:
+            react(using, {FAILED: rows})
+    return rows
+
+
+def cancelled_error(job: Job, reason: str = "") -> str:
+    """The error a job cancelled before it ran is stored with."""
+    return f"{job.name} (job {job.pk}) was cancelled before it ran{f': {reason}' if reason else '.'}"
 
 
 def cancel_requests(jobs: Sequence[Job]) -> dict[int, int]:

@@ -1,9 +1,10 @@
 """The base of the queue_* commands: the arguments they share (ids, ``--queue``, ``--hours``,
-``--limit``, confirmation) and their answers (lines, tables, refusals)."""
+``--limit``, a selection by name, error text and time, confirmation) and their answers (lines, tables, refusals)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -11,13 +12,27 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import QuerySet
 
-from django_dbqueue import batches
+from django_dbqueue import batches, bulk
 from django_dbqueue.management import options, output
 from django_dbqueue.models import JobBatch
 from django_dbqueue.operations import which_ids
 
 IDS = "3, a range 5-9, a list 12,14"
 DEFAULT_LIMIT = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Verb:
+    """What a confirmed command does, in the forms its question and refusals use."""
+
+    imperative: str  # Delete
+    gerund: str  # Deleting
+    past: str  # deleted
+
+
+DELETE = Verb("Delete", "Deleting", "deleted")
+RETRY = Verb("Retry", "Retrying", "retried")
+CANCEL = Verb("Cancel", "Cancelling", "cancelled")
 
 
 class QueueCommand(BaseCommand):
@@ -46,9 +61,9 @@ class QueueCommand(BaseCommand):
             help=f"Show at most N {what} (default: {DEFAULT_LIMIT}).",
         )
 
-    def add_confirmation(self, parser: Any) -> None:
-        """Add ``--force`` and ``--no-input``, the options ``delete_confirmed`` reads."""
-        parser.add_argument("--force", action="store_true", help="Delete without asking.")
+    def add_confirmation(self, parser: Any, verb: Verb = DELETE) -> None:
+        """Add ``--force`` and ``--no-input``, the options ``confirmed`` reads."""
+        parser.add_argument("--force", action="store_true", help=f"{verb.imperative} without asking.")
         parser.add_argument(
             "--noinput",
             "--no-input",
@@ -56,6 +71,40 @@ class QueueCommand(BaseCommand):
             dest="interactive",
             help="Never ask: without --force, stop with an error instead.",
         )
+
+    def add_selection(self, parser: Any, what: str, at: str, *, errors: bool = False) -> None:
+        """Add ``--name``, ``--since`` and ``--until`` (and ``--error-contains``) for a selection of ``what``;
+        ``at``: the time the range bounds (``failed``, ``enqueued``). ``--queue`` is the command's own."""
+        parser.add_argument("--name", help=f"Only the {what} with this job name (default: any name).")
+        if errors:
+            parser.add_argument(
+                "--error-contains",
+                type=options.text("--error-contains"),
+                metavar="TEXT",
+                help=f"Only the {what} whose error holds TEXT, whatever its case (default: any error).",
+            )
+        parser.add_argument(
+            "--since",
+            type=options.moment,
+            metavar="WHEN",
+            help=f"Only the {what} {at} at or after WHEN: 2026-12-01 or 2026-12-01T14:30, "
+            "in TIME_ZONE unless an offset is given (default: no bound).",
+        )
+        until = f"Only the {what} {at} before WHEN (default: no bound)."
+        parser.add_argument("--until", type=options.moment, metavar="WHEN", help=until)
+
+    def job_filter(self, opts: dict[str, Any]) -> bulk.JobFilter:
+        """The filter the selection options give; a bad one is refused with the reason."""
+        try:
+            return bulk.JobFilter(
+                name=opts.get("name"),
+                queue=opts.get("queue"),
+                error_contains=opts.get("error_contains"),
+                since=opts.get("since"),
+                until=opts.get("until"),
+            )
+        except ValueError as exc:
+            raise CommandError(f"Nothing was changed: {exc}.") from None
 
     def success(self, text: str) -> None:
         self.stdout.write(self.style.SUCCESS(text))
@@ -87,29 +136,36 @@ class QueueCommand(BaseCommand):
             self.stdout.write(f"{len(shown)} of {total} {what} shown; --limit shows more.")
 
     def delete_confirmed(self, opts: dict[str, Any], what: str, delete: Callable[[], str]) -> None:
-        """Ask ``Delete <what>? [y/N]`` unless ``--force``; on yes, ``delete`` deletes and says what it did.
+        """Ask ``Delete <what>? [y/N]`` unless ``--force``; on yes, ``delete`` deletes and says what it did."""
+        if self.confirmed(opts, DELETE, what):
+            self.success(delete())
+
+    def confirmed(self, opts: dict[str, Any], verb: Verb, what: str) -> bool:
+        """Ask ``<Verb> <what>? [y/N]`` unless ``--force``; whether the answer is yes (on no, say so).
 
         Refuse, naming ``--force``, when nobody can answer (``--no-input``, or stdin is not a terminal).
         """
-        if not opts["force"]:
-            stdin: Any = opts.get("stdin", sys.stdin)
-            if not opts["interactive"] or not output.is_terminal(stdin):
-                why = "--no-input was given" if not opts["interactive"] else "stdin is not a terminal"
-                raise CommandError(
-                    f"Deleting {what} needs a confirmation, and {why}: pass --force to delete without asking."
-                )
-            self.stdout.write(f"Delete {what}? [y/N] ", ending="")
-            self.stdout.flush()
-            try:
-                answer = stdin.readline()
-            except KeyboardInterrupt:
-                answer = ""
-            if not answer.endswith("\n"):
-                self.stdout.write("")
-            if str(answer).strip().lower() not in {"y", "yes"}:
-                self.stdout.write("Nothing was deleted.")
-                return
-        self.success(delete())
+        if opts["force"]:
+            return True
+        stdin: Any = opts.get("stdin", sys.stdin)
+        if not opts["interactive"] or not output.is_terminal(stdin):
+            why = "--no-input was given" if not opts["interactive"] else "stdin is not a terminal"
+            raise CommandError(
+                f"{verb.gerund} {what} needs a confirmation, and {why}: "
+                f"pass --force to {verb.imperative.lower()} without asking."
+            )
+        self.stdout.write(f"{verb.imperative} {what}? [y/N] ", ending="")
+        self.stdout.flush()
+        try:
+            answer = stdin.readline()
+        except KeyboardInterrupt:
+            answer = ""
+        if not answer.endswith("\n"):
+            self.stdout.write("")
+        if str(answer).strip().lower() not in {"y", "yes"}:
+            self.stdout.write(f"Nothing was {verb.past}.")
+            return False
+        return True
 
     @contextlib.contextmanager
     def refusing(self, errors: type[Exception] | tuple[type[Exception], ...], nothing: str = "") -> Iterator[None]:

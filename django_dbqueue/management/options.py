@@ -4,17 +4,19 @@ with an ArgumentTypeError that says why."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import math
 from collections.abc import Callable
 from typing import Any
+
+from django.utils import dateparse, timezone
 
 from django_dbqueue import validation
 from django_dbqueue.operations import parse_ids
 
 # A century: more is a typo, and the database's date arithmetic overflows long before timedelta's.
 MAX_HOURS = 100 * 365 * 24
-# The largest id a BigAutoField holds: a bigger one is a typo, refused before the database sees it.
-MAX_ID = 2**63 - 1
+MAX_ID = validation.MAX_ID
 ALL = "all"
 
 
@@ -113,3 +115,29 @@ def ids(text: str) -> str:
 
 def ids_or_all(text: str) -> str:
     return ALL if text.strip().lower() == ALL else ids(text)
+
+
+def moment(text: str) -> dt.datetime:
+    """A date or a date and time, ISO 8601: ``2026-12-01``, ``2026-12-01T14:30``, ``2026-12-01 14:30+01:00``;
+    without an offset, in the current time zone (``TIME_ZONE``); a date alone is its midnight."""
+    value = text.strip()
+    try:
+        parsed = dateparse.parse_datetime(value)
+        day = dateparse.parse_date(value) if parsed is None else None
+    except ValueError:  # well formed, but no such day or time (2026-02-30)
+        raise argparse.ArgumentTypeError(f"{text!r} is no such date or time") from None
+    if parsed is None and day is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date or time like 2026-12-01 or 2026-12-01T14:30")
+    moment = parsed if parsed is not None else dt.datetime.combine(day, dt.time())  # type: ignore[arg-type]
+    return moment if timezone.is_aware(moment) else timezone.make_aware(moment)
+
+
+def text(label: str) -> Callable[[str], str]:
+    """Text that is not blank; ``label`` names it in the refusal."""
+
+    def parse(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"{label} is empty")
+        return value
+
+    return parse
