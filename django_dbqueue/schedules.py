@@ -26,7 +26,7 @@ from django.db.models import F
 from . import payload, registry
 from .cron import SHORTHANDS as SHORTHANDS
 from .cron import Missed, Plan, Timing
-from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text
+from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text, is_lock, update_rows
 from .enqueue import enqueue_many
 from .models import Job, ScheduleState
 
@@ -42,10 +42,6 @@ ERROR_RETRY = (1.0, 2.0, 5.0)
 # lock wait elsewhere) is retried sooner and quietly; an error once it has lasted LOCK_PERSISTS s.
 LOCK_RETRY = (0.1, 0.5, 1.0, 2.0)
 LOCK_PERSISTS = 30.0
-# SQLSTATEs of PostgreSQL (lock not available, deadlock, serialization) and MySQL's error
-# numbers (lock wait timeout, deadlock) that mean another transaction held what this one needed.
-POSTGRESQL_LOCKS = frozenset({"55P03", "40P01", "40001"})
-MYSQL_LOCKS = frozenset({1205, 1213})
 STOP_WAIT = 5.0  # for a tick in flight
 LOOK_AHEAD = 100
 
@@ -313,30 +309,11 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
                 "schedule ticked schedule=%s tick=%s job=%s id=%s", state.name, run.isoformat(), handle.name, handle.id
             )
         if states:
-            _save_rows(states, using, _TICK_FIELDS)
+            update_rows(ScheduleState, states, _TICK_FIELDS, using)
     return [outcomes[pk] for pk, _ in due]
 
 
 _TICK_FIELDS = ("next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs")
-
-
-def _save_rows(states: Sequence[ScheduleState], using: str, names: Sequence[str]) -> None:
-    """Write ``names`` of many rows with one UPDATE through ``executemany`` (``bulk_update``'s CASE
-    per field and row would hold a worker's GIL for seconds in a catch-up)."""
-    connection = connections[using]
-    meta = ScheduleState._meta
-    by_name = {field.name: field for field in meta.concrete_fields}
-    fields = [by_name[name] for name in names]
-    quote = connection.ops.quote_name
-    assignments = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
-    pk = quote(str(by_name["id"].column))
-    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s"
-    params = [
-        [field.get_db_prep_save(getattr(state, field.attname), connection) for field in fields] + [state.pk]
-        for state in states
-    ]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
 
 
 def run_now(name: str) -> Any:
@@ -504,18 +481,3 @@ class Ticker:
         _, _, next_tick, now = rows[0]
         delay: float = (next_tick - now).total_seconds() - (time.monotonic() - read)
         return max(0.0, min(delay, MAX_SLEEP))
-
-
-def is_lock(exc: DatabaseError) -> bool:
-    """Tell whether ``exc`` says another transaction held a lock this one needed (it may be run again)."""
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    sqlite_name = getattr(cause, "sqlite_errorname", None)
-    if isinstance(sqlite_name, str):
-        return sqlite_name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
-    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    if sqlstate is not None:
-        return sqlstate in POSTGRESQL_LOCKS
-    args: tuple[Any, ...] = getattr(cause, "args", ())
-    if args and isinstance(args[0], int):
-        return args[0] in MYSQL_LOCKS
-    return bool(args) and isinstance(args[0], str) and "is locked" in args[0]

@@ -30,7 +30,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from django.db.models import F
 from django.test import override_settings
 
-from django_dbqueue import claims, health, job, pauses, registry, schedules, schema
+from django_dbqueue import claims, db, health, job, pauses, registry, schedules, schema
 from django_dbqueue.checks import check_migrations, check_sqlite, check_worker_queues_used
 from django_dbqueue.db import DbNow
 from django_dbqueue.execution import Defaults
@@ -292,7 +292,7 @@ def run_ticker(monkeypatch: pytest.MonkeyPatch, failures: list[DatabaseError | N
 
 
 def test_the_locks_of_each_database_are_told_from_other_errors(tmp_path):
-    assert schedules.is_lock(sqlite_lock_error(tmp_path))
+    assert db.is_lock(sqlite_lock_error(tmp_path))
 
     class Driver(Exception):
         def __init__(self, *args: Any, sqlstate: str | None = None) -> None:
@@ -304,11 +304,11 @@ def test_the_locks_of_each_database_are_told_from_other_errors(tmp_path):
         wrapped.__cause__ = driver
         return wrapped
 
-    assert schedules.is_lock(error(Driver("deadlock detected", sqlstate="40P01")))
-    assert schedules.is_lock(error(Driver("could not obtain lock", sqlstate="55P03")))
-    assert not schedules.is_lock(error(Driver("relation does not exist", sqlstate="42P01")))
-    assert schedules.is_lock(error(Driver(1205, "Lock wait timeout exceeded; try restarting transaction")))
-    assert not schedules.is_lock(error(Driver(2006, "MySQL server has gone away")))
+    assert db.is_lock(error(Driver("deadlock detected", sqlstate="40P01")))
+    assert db.is_lock(error(Driver("could not obtain lock", sqlstate="55P03")))
+    assert not db.is_lock(error(Driver("relation does not exist", sqlstate="42P01")))
+    assert db.is_lock(error(Driver(1205, "Lock wait timeout exceeded; try restarting transaction")))
+    assert not db.is_lock(error(Driver(2006, "MySQL server has gone away")))
 
 
 @pytest.mark.django_db
