@@ -1,8 +1,10 @@
-"""Periodic jobs: schedules declared in code (``periodic``), ticked by the workers.
+"""Periodic jobs: schedules declared in code (``periodic``) or stored at runtime (``StoredSchedule``,
+``save_stored``), ticked by the workers.
 
 Every worker runs a ``Ticker``: in one transaction it locks the due schedule's
 ``ScheduleState`` row (a compare-and-set of ``next_tick`` on SQLite), enqueues the job
 and moves ``next_tick`` on, so each tick is enqueued exactly once on any number of hosts.
+The ticker reads the stored schedules again when their version changes (``STORED_CHECK``).
 """
 
 from __future__ import annotations
@@ -14,28 +16,35 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
 
-from . import payload, registry
+from . import cron, payload, registry, stored_schedules
 from .cron import SHORTHANDS as SHORTHANDS
 from .cron import Missed, Plan, Timing
 from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text, is_lock, update_rows
 from .enqueue import enqueue_many
-from .models import Job, ScheduleState
+from .models import Job, ScheduleState, StoredSchedule
+from .models.tables import draw_revision
 
 logger = logging.getLogger("django_dbqueue")
 
 # The longest a ticker sleeps, so a change by another process is seen within it.
 MAX_SLEEP = 30.0
-# Seconds before a ticker looks again at a row another worker is ticking.
+# Seconds between two reads of the stored schedules' version: a schedule created, changed,
+# disabled or deleted (admin, queue_schedules) is ticked as such within them, on every worker.
+STORED_CHECK = 5.0
+# Seconds before a ticker looks again at a row another worker is ticking, and at one written for
+# an edit it has not read (read first; a code schedule another deploy changed waits for that deploy).
 BUSY_RETRY = 0.1
+CHANGED_RETRY = 1.0
 # Seconds before a ticker retries after a database error (doubled, up to the last).
 ERROR_RETRY = (1.0, 2.0, 5.0)
 # A lock another writer holds (SQLite's "database is locked" as workers start, a deadlock or a
@@ -54,6 +63,7 @@ class Outcome(enum.StrEnum):
     SCHEDULED = "scheduled"
     NOT_DUE = "not-due"
     TAKEN = "taken"  # another worker holds the row or moved it on first
+    CHANGED = "changed"  # the row was written for a schedule other than this process's (an edit not read yet)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,6 +91,10 @@ class Schedule(Timing):
             "timezone": self.timezone_name,
             "arguments": self.arguments(),
         }
+
+    def matches(self, state: ScheduleState) -> bool:
+        """Whether ``state`` was written for this schedule (not for an edit of it, or the one before)."""
+        return all(getattr(state, field) == value for field, value in self.columns().items())
 
     def call(self, tick: datetime) -> registry.JobCall:
         kwargs = dict(self.kwargs)
@@ -192,19 +206,75 @@ def usable(schedules: Mapping[str, Schedule]) -> dict[str, Schedule]:
     return result
 
 
+def from_stored(row: StoredSchedule) -> Schedule:
+    """The schedule a stored row declares: its job (on the row's queue, if it names one), arguments,
+    expression, time zone, and an offset within its jitter (``cron.offset``)."""
+    definition = registry.find(row.job_name)
+    if definition is not None and row.queue:
+        definition = definition.using(queue=row.queue)
+    return Schedule(
+        name=row.name,
+        job_name=row.job_name,
+        cron=row.cron.strip(),
+        timezone=row.timezone or None,
+        offset=cron.offset(row.name, row.jitter),
+        args=tuple(row.args),
+        kwargs=MappingProxyType(dict(row.kwargs)),
+        definition=definition,
+    )
+
+
+def read_stored(declared: Collection[str]) -> dict[str, Schedule]:
+    """The enabled stored schedules a ticker can tick; the others are logged (a name also declared in
+    code is the code's)."""
+    result = {}
+    for row in StoredSchedule.objects.filter(enabled=True):
+        problems = stored_schedules.errors(row, declared)
+        if problems:
+            reasons = "; ".join(message for messages in problems.values() for message in messages)
+            logger.error("stored schedule not ticked schedule=%s: %s", row.name, reasons)
+            continue
+        result[row.name] = from_stored(row)
+    return result
+
+
+def save_stored(row: StoredSchedule) -> StoredSchedule:
+    """Check ``row`` (ValidationError with each reason) and save it; every worker ticks it as saved
+    within ``STORED_CHECK`` seconds. Disabling or enabling it moves its state as ``set_enabled`` does."""
+    stored_schedules.check(row, _schedules)
+    with transaction.atomic(using=alias()):
+        row.save()
+        set_enabled([row.name], row.enabled)
+    logger.info("stored schedule saved schedule=%s expression=%s enabled=%s", row.name, row.cron, row.enabled)
+    return row
+
+
+def with_stored(states: Any) -> Any:
+    """``states`` (a ScheduleState queryset) annotated with whether a stored schedule has each one's name."""
+    return states.annotate(stored=Exists(StoredSchedule.objects.filter(name=OuterRef("name"))))
+
+
 def is_stale(state: ScheduleState) -> bool:
-    """Tell whether the row's schedule is no longer declared in this code (it does not tick)."""
-    return state.name not in _schedules
+    """Tell whether the row's schedule is neither declared in this code nor stored (it does not tick)."""
+    if state.name in _schedules:
+        return False
+    stored = getattr(state, "stored", None)  # annotated by ``with_stored``
+    if stored is None:
+        stored = StoredSchedule.objects.filter(name=state.name).exists()
+    return not stored
 
 
 def get(name: str) -> Schedule:
-    try:
+    """The schedule declared in code under ``name``, else the one stored; LookupError if neither."""
+    if name in _schedules:
         return _schedules[name]
-    except KeyError:
-        raise LookupError(
-            f"No schedule is declared under the name {name!r} in this code"
-            + (f"; declared: {', '.join(sorted(_schedules))}" if _schedules else "")
-        ) from None
+    row = StoredSchedule.objects.filter(name=name).first()
+    if row is not None:
+        return from_stored(row)
+    raise LookupError(
+        f"No schedule is declared under the name {name!r} in this code, nor stored"
+        + (f"; declared: {', '.join(sorted(_schedules))}" if _schedules else "")
+    )
 
 
 def sync(schedules: Mapping[str, Schedule]) -> None:
@@ -220,10 +290,9 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         ScheduleState.objects.bulk_create(new, ignore_conflicts=True)
     for name, row in stored.items():
         schedule = schedules[name]
-        declared = schedule.columns()
-        if all(getattr(row, field) == value for field, value in declared.items()):
+        if schedule.matches(row):
             continue
-        changes: dict[str, Any] = {**declared, "updated_at": DbNow()}
+        changes: dict[str, Any] = {**schedule.columns(), "updated_at": DbNow()}
         if row.expression != schedule.expression or row.timezone != schedule.timezone_name:
             changes["next_tick"] = None
         ScheduleState.objects.filter(pk=row.pk, expression=row.expression, timezone=row.timezone).update(**changes)
@@ -271,7 +340,14 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
         query = ScheduleState.objects.filter(pk__in=list(expected), enabled=True).annotate(db_now=DbNow())
         if locking:
             query = query.select_for_update(skip_locked=True)
-        states = [s for s in query.order_by("pk") if s.next_tick == expected[s.pk] and s.name in schedules]
+        states = []
+        for state in query.order_by("pk"):
+            if state.next_tick != expected[state.pk] or state.name not in schedules:
+                continue
+            if schedules[state.name].matches(state):
+                states.append(state)
+            else:  # another worker wrote an edit this one has not read: it ticks the row
+                outcomes[state.pk] = Outcome.CHANGED
         if not locking:
             # SQLite: a compare-and-set of next_tick takes the write lock; a row moved on meanwhile is another's.
             rows = ScheduleState.objects.filter(enabled=True)
@@ -335,17 +411,25 @@ def run_now(name: str) -> Any:
 
 
 def set_enabled(names: Sequence[str], enabled: bool) -> int:
-    """Enable or disable schedules; return how many changed. Enabling clears ``next_tick``: the
-    ticks that passed while disabled are not caught up."""
-    rows = ScheduleState.objects.filter(name__in=list(names)).exclude(enabled=enabled)
-    if enabled:
-        return rows.update(enabled=True, next_tick=None, updated_at=DbNow())
-    return rows.update(enabled=False, updated_at=DbNow())
+    """Enable or disable schedules (and the stored ones of these names); return how many changed.
+    Enabling clears ``next_tick``: the ticks that passed while disabled are not caught up."""
+    with transaction.atomic(using=alias()):
+        stored = StoredSchedule.objects.filter(name__in=list(names)).exclude(enabled=enabled)
+        changed = set(stored.values_list("name", flat=True))
+        if changed:
+            stored.update(enabled=enabled, revision=draw_revision(), updated_at=timezone.now())
+        rows = ScheduleState.objects.filter(name__in=list(names)).exclude(enabled=enabled)
+        changed.update(rows.values_list("name", flat=True))
+        if enabled:
+            rows.update(enabled=True, next_tick=None, updated_at=DbNow())
+        else:
+            rows.update(enabled=False, updated_at=DbNow())
+    return len(changed)
 
 
 class Ticker:
-    """Tick this process's schedules from a thread with its own connection, until ``stop``; a
-    context manager. A process without schedules starts no thread."""
+    """Tick this process's schedules and the stored ones from a thread with its own connection, until
+    ``stop``; a context manager. Without ``enabled`` (``queue_work --no-schedule``) it starts no thread."""
 
     def __init__(
         self, worker_id: str, enabled: bool = True, *, schedules: Mapping[str, Schedule] | None = None
@@ -362,13 +446,15 @@ class Ticker:
         self._locked_since: float | None = None
         self._lock_reported = 0.0
         self._lock_said = -math.inf
+        # The stored schedules' version last read, and when to read it again (``_stored``).
+        self._version: tuple[int, int] | None = None
+        self._next_check = 0.0
 
     def start(self) -> Ticker:
         if not self.enabled or self._thread is not None:
             return self
+        # Started without declared schedules too: stored ones may be made at any time.
         schedules = usable(self.schedules if self.schedules is not None else all_schedules())
-        if not schedules:
-            return self
         self._started = time.monotonic()
         self._stopping.clear()
         self._thread = threading.Thread(
@@ -404,19 +490,26 @@ class Ticker:
         self.statements += 1
         return execute(sql, params, many, context)
 
-    def _run(self, schedules: dict[str, Schedule]) -> None:
+    def _run(self, declared: dict[str, Schedule]) -> None:
         connection = connections[alias()]
         errors = 0
         synced = False
+        ticking, next_look = dict(declared), 0.0
         try:
             with connection.execute_wrapper(self._count):
                 while not self._stopping.is_set():
                     try:
                         if not synced:
-                            sync(schedules)
+                            sync(declared)
                             synced = True
-                        delay = self.look(schedules)
+                        if time.monotonic() >= self._next_check:
+                            stored = self._stored(declared)
+                            if stored is not None:
+                                ticking, next_look = {**stored, **declared}, 0.0
+                        if time.monotonic() >= next_look:
+                            next_look = time.monotonic() + self.look(ticking)
                         errors, self._locked_since = 0, None
+                        delay = min(next_look, self._next_check) - time.monotonic()
                     except DatabaseError as exc:
                         if is_lock(exc):
                             delay = self._locked(exc, errors)
@@ -435,6 +528,20 @@ class Ticker:
                         self._stopping.wait(delay)
         finally:
             drop_connection()
+
+    def _stored(self, declared: Collection[str]) -> dict[str, Schedule] | None:
+        """The stored schedules, read again and written to their rows if their version changed since
+        the last read; else None. The version is read again ``STORED_CHECK`` seconds later."""
+        seen = stored_schedules.version()
+        if seen == self._version:
+            self._next_check = time.monotonic() + STORED_CHECK
+            return None
+        stored = read_stored(declared)
+        sync(stored)
+        if stored or self._version is not None:  # not for a first read that found none
+            logger.info("stored schedules read worker_id=%s schedules=%s", self.worker_id, len(stored))
+        self._version, self._next_check = seen, time.monotonic() + STORED_CHECK
+        return stored
 
     def _locked(self, exc: DatabaseError, errors: int) -> float:
         """Log a lock met while ticking: info at most once per ``LOCK_PERSISTS`` seconds (workers
@@ -474,8 +581,12 @@ class Ticker:
         if due:
             outcomes = tick_many(schedules, due)
             self.ticked += outcomes.count(Outcome.ENQUEUED)
+            if Outcome.CHANGED in outcomes:
+                self._next_check = 0.0  # a stored schedule was edited: read it before the next look
             # Another worker is ticking a due row: look again soon. Else at once (new next ticks).
-            return BUSY_RETRY if Outcome.TAKEN in outcomes else 0
+            if Outcome.TAKEN in outcomes:
+                return BUSY_RETRY
+            return CHANGED_RETRY if Outcome.CHANGED in outcomes else 0
         if not rows:
             return MAX_SLEEP
         _, _, next_tick, now = rows[0]
