@@ -220,6 +220,7 @@ def from_stored(row: StoredSchedule) -> Schedule:
         offset=cron.offset(row.name, row.jitter),
         args=tuple(row.args),
         kwargs=MappingProxyType(dict(row.kwargs)),
+        tick_argument=row.tick_argument or None,
         definition=definition,
     )
 

@@ -62,10 +62,12 @@ def errors(row: StoredSchedule, declared: Collection[str] = ()) -> dict[str, lis
         close = difflib.get_close_matches(row.job_name or "", sorted(registry.all_definitions()), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         refuse("job_name", f"no job is registered under the name {row.job_name!r}{hint}")
-    elif arguments_read:
-        error = validation.call_error(
-            definition.func, tuple(row.args), dict(row.kwargs), takes_context=definition.takes_context
-        )
+    tick_argument = row.tick_argument or ""
+    if tick_argument and not tick_argument.isidentifier():
+        refuse("tick_argument", f"the tick is passed as a keyword: a Python name, not {tick_argument!r}")
+    elif definition is not None and arguments_read:
+        kwargs = {**row.kwargs, **({tick_argument: None} if tick_argument else {})}
+        error = validation.call_error(definition.func, tuple(row.args), kwargs, takes_context=definition.takes_context)
         if error is not None:
             refuse(NON_FIELD_ERRORS, f"the job {row.job_name} cannot take these arguments: {error}")
     return found

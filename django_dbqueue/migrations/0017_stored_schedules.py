@@ -25,6 +25,7 @@ class Migration(migrations.Migration):
                 ('queue', models.CharField(blank=True, default='', help_text="Blank: the job's own queue.", max_length=100)),
                 ('enabled', models.BooleanField(default=True)),
                 ('jitter', models.PositiveIntegerField(default=0, help_text="Tick up to so many seconds after the expression's time (0 to 3600): a fixed offset of this schedule's own, the same at every tick.", validators=[django.core.validators.MaxValueValidator(3600)])),
+                ('tick_argument', models.CharField(blank=True, default='', help_text='Pass the tick (an aware datetime) as this keyword; blank: not.', max_length=100)),
                 ('revision', models.PositiveIntegerField(default=0, editable=False)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),

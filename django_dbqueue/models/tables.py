@@ -202,6 +202,12 @@ class StoredSchedule(QueueTable):
         help_text=f"Tick up to so many seconds after the expression's time (0 to {MAX_JITTER}): a fixed "
         "offset of this schedule's own, the same at every tick.",
     )
+    tick_argument = models.CharField(
+        max_length=100,
+        blank=True,
+        default="",
+        help_text="Pass the tick (an aware datetime) as this keyword; blank: not.",
+    )
     revision = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
