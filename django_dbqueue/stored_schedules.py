@@ -88,7 +88,7 @@ def check(row: StoredSchedule, declared: Collection[str] = ()) -> None:
 def version() -> tuple[int, int]:
     """The stored schedules' count and the sum of their revisions: a row created, changed (each save
     draws a new revision) or deleted changes it. One cheap query, which each ticker sends every
-    ``schedules.STORED_CHECK`` seconds."""
+    ``ticker.STORED_CHECK`` seconds."""
     totals = StoredSchedule.objects.aggregate(count=Count("pk"), revisions=Sum("revision"))
     return int(totals["count"]), int(totals["revisions"] or 0)
 

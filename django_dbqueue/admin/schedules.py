@@ -176,7 +176,7 @@ class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
 
 class StoredScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Schedules made at runtime: add, edit, disable or delete one; every worker ticks it as saved
-    within ``schedules.STORED_CHECK`` seconds. Its runs are on the Schedules page."""
+    within ``ticker.STORED_CHECK`` seconds. Its runs are on the Schedules page."""
 
     form = StoredScheduleForm
     list_display = ["name", "job_name", "cron", "timezone", "queue", "jitter", "enabled", "next_run", "updated_at"]
@@ -199,3 +199,9 @@ class StoredScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def save_model(self, request: HttpRequest, obj: StoredSchedule, form: Any, change: bool) -> None:
         schedules.save_stored(obj)
+
+    def delete_model(self, request: HttpRequest, obj: StoredSchedule) -> None:
+        schedules.delete_stored([obj.name])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[StoredSchedule]) -> None:
+        schedules.delete_stored(list(queryset.values_list("name", flat=True)))

@@ -104,8 +104,7 @@ class Command(QueueCommand):
         if action == "list":
             self._list()
         elif action == "delete":
-            deleted, _ = StoredSchedule.objects.filter(name=opts["name"]).delete()
-            if not deleted:
+            if not schedules.delete_stored([opts["name"]]):
                 raise CommandError(f"Nothing was deleted: no schedule is stored under the name {opts['name']!r}.")
             self.success(f"Deleted the stored schedule {opts['name']}.")
         else:
