@@ -77,7 +77,12 @@ class Command(QueueCommand):
             action.add_argument("--job", required=required, help="A registered job's name.")
             action.add_argument("--cron", required=required, help="5 fields, 6 with seconds first, or @daily ...")
             action.add_argument("--tz", help="A time zone such as Europe/Berlin (default: settings.TIME_ZONE).")
-            action.add_argument("--args", type=_json(list, "'[\"eu\", 3]'"), help="Positional arguments, a JSON list.")
+            action.add_argument(
+                "--args",
+                dest="positional",
+                type=_json(list, "'[\"eu\", 3]'"),
+                help="Positional arguments, a JSON list.",
+            )
             action.add_argument(
                 "--kwargs", type=_json(dict, "'{\"full\": true}'"), help="Keyword arguments, a JSON object."
             )
@@ -124,9 +129,9 @@ class Command(QueueCommand):
         for option, field in FIELDS.items():
             if opts[option] is not None:
                 setattr(row, field, opts[option])
-        for field in ("args", "kwargs", "enabled"):
-            if opts[field] is not None:
-                setattr(row, field, opts[field])
+        for option, field in (("positional", "args"), ("kwargs", "kwargs"), ("enabled", "enabled")):
+            if opts[option] is not None:
+                setattr(row, field, opts[option])
         try:
             schedules.save_stored(row)
         except ValidationError as exc:
