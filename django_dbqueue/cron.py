@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -56,10 +57,14 @@ class Timing:
     every: int | None = None
     timezone: str | None = None  # None: settings.TIME_ZONE
     missed: Missed = Missed.ONCE
+    # Seconds each tick comes after the expression's time (a stored schedule's jitter, ``offset``).
+    offset: int = 0
 
     @property
     def expression(self) -> str:
-        return self.cron if self.cron is not None else f"every {self.every}s"
+        """As declared, with the offset: a change of either moves the next tick."""
+        expression = self.cron if self.cron is not None else f"every {self.every}s"
+        return f"{expression} +{self.offset}s" if self.offset else expression
 
     @property
     def timezone_name(self) -> str:
@@ -90,6 +95,11 @@ class Timing:
 
     def ticks(self, after: datetime) -> Iterator[datetime]:
         """The ticks strictly after ``after``, in UTC."""
+        shift = timedelta(seconds=self.offset)
+        for tick in self._ticks(after - shift):
+            yield tick + shift
+
+    def _ticks(self, after: datetime) -> Iterator[datetime]:
         if self.every is not None:
             step = self.every
             seconds = math.floor(after.timestamp()) // step * step + step
@@ -109,6 +119,10 @@ class Timing:
 
     def latest_until(self, moment: datetime) -> datetime:
         """The last tick at or before ``moment``."""
+        shift = timedelta(seconds=self.offset)
+        return self._latest_until(moment - shift) + shift
+
+    def _latest_until(self, moment: datetime) -> datetime:
         if self.every is not None:
             return datetime.fromtimestamp(math.floor(moment.timestamp()) // self.every * self.every, UTC)
         start = (moment + timedelta(microseconds=1)).astimezone(self.zone)
@@ -140,3 +154,11 @@ class Timing:
 
 def _fields(cron: str) -> str:
     return SHORTHANDS.get(cron.strip().lower(), cron)
+
+
+def offset(name: str, jitter: int) -> int:
+    """A schedule's own offset from 0 to ``jitter`` seconds, the same at every tick and on every host
+    (from the name's SHA-256), so schedules that share an expression do not all tick in one second."""
+    if jitter <= 0:
+        return 0
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % (jitter + 1)

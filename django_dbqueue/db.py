@@ -8,7 +8,7 @@ import os
 import re
 import select
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -335,3 +335,42 @@ class IdListener:
             except DatabaseError:
                 pass
             self.connection = None
+
+
+# SQLSTATEs of PostgreSQL (lock not available, deadlock, serialization) and MySQL's error
+# numbers (lock wait timeout, deadlock) that mean another transaction held what this one needed.
+POSTGRESQL_LOCKS = frozenset({"55P03", "40P01", "40001"})
+MYSQL_LOCKS = frozenset({1205, 1213})
+
+
+def is_lock(exc: DatabaseError) -> bool:
+    """Tell whether ``exc`` says another transaction held a lock this one needed (it may be run again)."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    sqlite_name = getattr(cause, "sqlite_errorname", None)
+    if isinstance(sqlite_name, str):
+        return sqlite_name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if sqlstate is not None:
+        return sqlstate in POSTGRESQL_LOCKS
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0] in MYSQL_LOCKS
+    return bool(args) and isinstance(args[0], str) and "is locked" in args[0]
+
+
+def update_rows(model: Any, rows: Sequence[Any], names: Sequence[str], using: str) -> None:
+    """Write the fields ``names`` of many ``rows`` of ``model`` with one UPDATE through ``executemany``
+    (``bulk_update``'s CASE per field and row would hold a worker's GIL for seconds in a catch-up)."""
+    connection = connections[using]
+    meta = model._meta
+    by_name = {field.name: field for field in meta.concrete_fields}
+    fields = [by_name[name] for name in names]
+    quote = connection.ops.quote_name
+    assignments = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
+    pk = quote(str(by_name["id"].column))
+    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s"
+    params = [
+        [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields] + [row.pk] for row in rows
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)

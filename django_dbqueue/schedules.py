@@ -1,8 +1,10 @@
-"""Periodic jobs: schedules declared in code (``periodic``), ticked by the workers.
+"""Periodic jobs: schedules declared in code (``periodic``) or stored at runtime (``StoredSchedule``,
+``save_stored``), ticked by the workers.
 
 Every worker runs a ``Ticker``: in one transaction it locks the due schedule's
 ``ScheduleState`` row (a compare-and-set of ``next_tick`` on SQLite), enqueues the job
 and moves ``next_tick`` on, so each tick is enqueued exactly once on any number of hosts.
+The ticker (``ticker``) reads the stored schedules again when their version changes.
 """
 
 from __future__ import annotations
@@ -11,43 +13,26 @@ import dataclasses
 import enum
 import json
 import logging
-import math
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections, transaction
-from django.db.models import F
+from django.db import connections, transaction
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
 
-from . import payload, registry
+from . import cron, payload, registry, stored_schedules
 from .cron import SHORTHANDS as SHORTHANDS
 from .cron import Missed, Plan, Timing
-from .db import DbNow, alias, claims_with_skip_locked, drop_connection, error_text
+from .db import DbNow, alias, claims_with_skip_locked, update_rows
 from .enqueue import enqueue_many
-from .models import Job, ScheduleState
+from .models import Job, ScheduleState, StoredSchedule
+from .models.tables import draw_revision
 
 logger = logging.getLogger("django_dbqueue")
 
-# The longest a ticker sleeps, so a change by another process is seen within it.
-MAX_SLEEP = 30.0
-# Seconds before a ticker looks again at a row another worker is ticking.
-BUSY_RETRY = 0.1
-# Seconds before a ticker retries after a database error (doubled, up to the last).
-ERROR_RETRY = (1.0, 2.0, 5.0)
-# A lock another writer holds (SQLite's "database is locked" as workers start, a deadlock or a
-# lock wait elsewhere) is retried sooner and quietly; an error once it has lasted LOCK_PERSISTS s.
-LOCK_RETRY = (0.1, 0.5, 1.0, 2.0)
-LOCK_PERSISTS = 30.0
-# SQLSTATEs of PostgreSQL (lock not available, deadlock, serialization) and MySQL's error
-# numbers (lock wait timeout, deadlock) that mean another transaction held what this one needed.
-POSTGRESQL_LOCKS = frozenset({"55P03", "40P01", "40001"})
-MYSQL_LOCKS = frozenset({1205, 1213})
-STOP_WAIT = 5.0  # for a tick in flight
-LOOK_AHEAD = 100
 
 _schedules: dict[str, Schedule] = {}
 
@@ -58,6 +43,7 @@ class Outcome(enum.StrEnum):
     SCHEDULED = "scheduled"
     NOT_DUE = "not-due"
     TAKEN = "taken"  # another worker holds the row or moved it on first
+    CHANGED = "changed"  # the row was written for a schedule other than this process's (an edit not read yet)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +71,10 @@ class Schedule(Timing):
             "timezone": self.timezone_name,
             "arguments": self.arguments(),
         }
+
+    def matches(self, state: ScheduleState) -> bool:
+        """Whether ``state`` was written for this schedule (not for an edit of it, or the one before)."""
+        return all(getattr(state, field) == value for field, value in self.columns().items())
 
     def call(self, tick: datetime) -> registry.JobCall:
         kwargs = dict(self.kwargs)
@@ -196,19 +186,91 @@ def usable(schedules: Mapping[str, Schedule]) -> dict[str, Schedule]:
     return result
 
 
+def from_stored(row: StoredSchedule) -> Schedule:
+    """The schedule a stored row declares: its job (on the row's queue, if it names one), arguments,
+    expression, time zone, and an offset within its jitter (``cron.offset``)."""
+    definition = registry.find(row.job_name)
+    if definition is not None and row.queue:
+        definition = definition.using(queue=row.queue)
+    return Schedule(
+        name=row.name,
+        job_name=row.job_name,
+        cron=row.cron.strip(),
+        timezone=row.timezone or None,
+        offset=cron.offset(row.name, row.jitter),
+        args=tuple(row.args),
+        kwargs=MappingProxyType(dict(row.kwargs)),
+        tick_argument=row.tick_argument or None,
+        definition=definition,
+    )
+
+
+def read_stored(declared: Collection[str]) -> dict[str, Schedule]:
+    """The enabled stored schedules a ticker can tick; the others are logged (a name also declared in
+    code is the code's)."""
+    result = {}
+    for row in StoredSchedule.objects.filter(enabled=True):
+        problems = stored_schedules.errors(row, declared)
+        if problems:
+            reasons = "; ".join(message for messages in problems.values() for message in messages)
+            logger.error("stored schedule not ticked schedule=%s: %s", row.name, reasons)
+            continue
+        result[row.name] = from_stored(row)
+    return result
+
+
+def save_stored(row: StoredSchedule) -> StoredSchedule:
+    """Check ``row`` (ValidationError with each reason) and save it, with its ``ScheduleState`` row:
+    a changed expression moves the next tick at once (a worker that has not read the edit leaves the
+    row alone: ``Outcome.CHANGED``); every worker ticks it as saved within ``ticker.STORED_CHECK``
+    seconds. Disabling or enabling it moves its state as ``set_enabled`` does."""
+    stored_schedules.check(row, _schedules)
+    with transaction.atomic(using=alias()):
+        row.save()
+        set_enabled([row.name], row.enabled)
+        if row.enabled:
+            sync({row.name: from_stored(row)})
+    logger.info("stored schedule saved schedule=%s expression=%s enabled=%s", row.name, row.cron, row.enabled)
+    return row
+
+
+def delete_stored(names: Sequence[str]) -> int:
+    """Delete the stored schedules ``names``; return how many. Their ``ScheduleState`` rows stay, with
+    their history, disabled at once (no worker ticks them again) and shown as stale."""
+    with transaction.atomic(using=alias()):
+        deleted, _ = StoredSchedule.objects.filter(name__in=list(names)).delete()
+        ScheduleState.objects.filter(name__in=list(names), enabled=True).update(enabled=False, updated_at=DbNow())
+    if deleted:
+        logger.info("stored schedules deleted schedules=%s", ",".join(names))
+    return deleted
+
+
+def with_stored(states: Any) -> Any:
+    """``states`` (a ScheduleState queryset) annotated with whether a stored schedule has each one's name."""
+    return states.annotate(stored=Exists(StoredSchedule.objects.filter(name=OuterRef("name"))))
+
+
 def is_stale(state: ScheduleState) -> bool:
-    """Tell whether the row's schedule is no longer declared in this code (it does not tick)."""
-    return state.name not in _schedules
+    """Tell whether the row's schedule is neither declared in this code nor stored (it does not tick)."""
+    if state.name in _schedules:
+        return False
+    stored = getattr(state, "stored", None)  # annotated by ``with_stored``
+    if stored is None:
+        stored = StoredSchedule.objects.filter(name=state.name).exists()
+    return not stored
 
 
 def get(name: str) -> Schedule:
-    try:
+    """The schedule declared in code under ``name``, else the one stored; LookupError if neither."""
+    if name in _schedules:
         return _schedules[name]
-    except KeyError:
-        raise LookupError(
-            f"No schedule is declared under the name {name!r} in this code"
-            + (f"; declared: {', '.join(sorted(_schedules))}" if _schedules else "")
-        ) from None
+    row = StoredSchedule.objects.filter(name=name).first()
+    if row is not None:
+        return from_stored(row)
+    raise LookupError(
+        f"No schedule is declared under the name {name!r} in this code, nor stored"
+        + (f"; declared: {', '.join(sorted(_schedules))}" if _schedules else "")
+    )
 
 
 def sync(schedules: Mapping[str, Schedule]) -> None:
@@ -224,10 +286,9 @@ def sync(schedules: Mapping[str, Schedule]) -> None:
         ScheduleState.objects.bulk_create(new, ignore_conflicts=True)
     for name, row in stored.items():
         schedule = schedules[name]
-        declared = schedule.columns()
-        if all(getattr(row, field) == value for field, value in declared.items()):
+        if schedule.matches(row):
             continue
-        changes: dict[str, Any] = {**declared, "updated_at": DbNow()}
+        changes: dict[str, Any] = {**schedule.columns(), "updated_at": DbNow()}
         if row.expression != schedule.expression or row.timezone != schedule.timezone_name:
             changes["next_tick"] = None
         ScheduleState.objects.filter(pk=row.pk, expression=row.expression, timezone=row.timezone).update(**changes)
@@ -275,7 +336,14 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
         query = ScheduleState.objects.filter(pk__in=list(expected), enabled=True).annotate(db_now=DbNow())
         if locking:
             query = query.select_for_update(skip_locked=True)
-        states = [s for s in query.order_by("pk") if s.next_tick == expected[s.pk] and s.name in schedules]
+        states = []
+        for state in query.order_by("pk"):
+            if state.next_tick != expected[state.pk] or state.name not in schedules:
+                continue
+            if schedules[state.name].matches(state):
+                states.append(state)
+            else:  # another worker wrote an edit this one has not read: it ticks the row
+                outcomes[state.pk] = Outcome.CHANGED
         if not locking:
             # SQLite: a compare-and-set of next_tick takes the write lock; a row moved on meanwhile is another's.
             rows = ScheduleState.objects.filter(enabled=True)
@@ -313,30 +381,11 @@ def tick_many(schedules: Mapping[str, Schedule], due: Sequence[tuple[int, dateti
                 "schedule ticked schedule=%s tick=%s job=%s id=%s", state.name, run.isoformat(), handle.name, handle.id
             )
         if states:
-            _save_rows(states, using, _TICK_FIELDS)
+            update_rows(ScheduleState, states, _TICK_FIELDS, using)
     return [outcomes[pk] for pk, _ in due]
 
 
 _TICK_FIELDS = ("next_tick", "skipped", "updated_at", "last_tick", "last_run_at", "last_job_id", "runs")
-
-
-def _save_rows(states: Sequence[ScheduleState], using: str, names: Sequence[str]) -> None:
-    """Write ``names`` of many rows with one UPDATE through ``executemany`` (``bulk_update``'s CASE
-    per field and row would hold a worker's GIL for seconds in a catch-up)."""
-    connection = connections[using]
-    meta = ScheduleState._meta
-    by_name = {field.name: field for field in meta.concrete_fields}
-    fields = [by_name[name] for name in names]
-    quote = connection.ops.quote_name
-    assignments = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
-    pk = quote(str(by_name["id"].column))
-    sql = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {pk} = %s"
-    params = [
-        [field.get_db_prep_save(getattr(state, field.attname), connection) for field in fields] + [state.pk]
-        for state in states
-    ]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
 
 
 def run_now(name: str) -> Any:
@@ -358,164 +407,17 @@ def run_now(name: str) -> Any:
 
 
 def set_enabled(names: Sequence[str], enabled: bool) -> int:
-    """Enable or disable schedules; return how many changed. Enabling clears ``next_tick``: the
-    ticks that passed while disabled are not caught up."""
-    rows = ScheduleState.objects.filter(name__in=list(names)).exclude(enabled=enabled)
-    if enabled:
-        return rows.update(enabled=True, next_tick=None, updated_at=DbNow())
-    return rows.update(enabled=False, updated_at=DbNow())
-
-
-class Ticker:
-    """Tick this process's schedules from a thread with its own connection, until ``stop``; a
-    context manager. A process without schedules starts no thread."""
-
-    def __init__(
-        self, worker_id: str, enabled: bool = True, *, schedules: Mapping[str, Schedule] | None = None
-    ) -> None:
-        self.worker_id = worker_id
-        self.enabled = enabled
-        self.schedules = dict(schedules) if schedules is not None else None
-        self.statements = 0  # sent by this ticker's thread
-        self.ticked = 0
-        self._started = 0.0
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        # Since when the ticker meets a lock, when it last said so, and when at info (``_locked``).
-        self._locked_since: float | None = None
-        self._lock_reported = 0.0
-        self._lock_said = -math.inf
-
-    def start(self) -> Ticker:
-        if not self.enabled or self._thread is not None:
-            return self
-        schedules = usable(self.schedules if self.schedules is not None else all_schedules())
-        if not schedules:
-            return self
-        self._started = time.monotonic()
-        self._stopping.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(schedules,), name=f"dbqueue-ticker-{self.worker_id}", daemon=True
-        )
-        self._thread.start()
-        logger.info("ticker started worker_id=%s schedules=%s", self.worker_id, len(schedules))
-        return self
-
-    def stop(self) -> None:
-        self._stopping.set()
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        if thread.is_alive():
-            thread.join(STOP_WAIT)
-        logger.info(
-            "ticker stopped worker_id=%s ticked=%s statements=%s per_minute=%.1f",
-            self.worker_id, self.ticked, self.statements, self.queries_per_minute(),
-        )  # fmt: skip
-
-    def queries_per_minute(self) -> float:
-        minutes = (time.monotonic() - self._started) / 60 if self._started else 0
-        return self.statements / minutes if minutes > 0 else 0.0
-
-    def __enter__(self) -> Ticker:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def _count(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        self.statements += 1
-        return execute(sql, params, many, context)
-
-    def _run(self, schedules: dict[str, Schedule]) -> None:
-        connection = connections[alias()]
-        errors = 0
-        synced = False
-        try:
-            with connection.execute_wrapper(self._count):
-                while not self._stopping.is_set():
-                    try:
-                        if not synced:
-                            sync(schedules)
-                            synced = True
-                        delay = self.look(schedules)
-                        errors, self._locked_since = 0, None
-                    except DatabaseError as exc:
-                        if is_lock(exc):
-                            delay = self._locked(exc, errors)
-                        else:
-                            delay = ERROR_RETRY[min(errors, len(ERROR_RETRY) - 1)]
-                            logger.warning(
-                                "ticker failed worker_id=%s retry_in=%ss: %s", self.worker_id, delay, error_text(exc)
-                            )
-                        errors += 1
-                        drop_connection()
-                    except Exception:
-                        # A bug or a job that cannot be enqueued must not end the ticking of the others.
-                        delay = ERROR_RETRY[-1]
-                        logger.exception("ticker failed worker_id=%s retry_in=%ss", self.worker_id, delay)
-                    if delay > 0:
-                        self._stopping.wait(delay)
-        finally:
-            drop_connection()
-
-    def _locked(self, exc: DatabaseError, errors: int) -> float:
-        """Log a lock met while ticking: info at most once per ``LOCK_PERSISTS`` seconds (workers
-        that start together meet one another's), debug while it lasts, an error each
-        ``LOCK_PERSISTS`` seconds one persists; return the seconds before the next try."""
-        delay = LOCK_RETRY[min(errors, len(LOCK_RETRY) - 1)]
-        now = time.monotonic()
-        if self._locked_since is None:
-            self._locked_since = self._lock_reported = now
-            if now - self._lock_said >= LOCK_PERSISTS:
-                self._lock_said = now
-                logger.info(
-                    "ticker waits for a lock worker_id=%s retry_in=%ss: %s", self.worker_id, delay, error_text(exc)
-                )
-                return delay
-        elif now - self._lock_reported >= LOCK_PERSISTS:
-            self._lock_reported = now
-            logger.error(
-                "ticker locked out for %.0fs worker_id=%s retry_in=%ss: %s (another process holds a long "
-                "write transaction; on SQLite see dbqueue.W011)",
-                now - self._locked_since, self.worker_id, delay, error_text(exc),
-            )  # fmt: skip
-            return delay
-        logger.debug("ticker waits for a lock worker_id=%s retry_in=%ss", self.worker_id, delay)
-        return delay
-
-    def look(self, schedules: Mapping[str, Schedule]) -> float:
-        """Tick what is due; return the seconds until the next look."""
-        rows = list(
-            ScheduleState.objects.filter(name__in=list(schedules), enabled=True)
-            .annotate(db_now=DbNow())
-            .order_by(F("next_tick").asc(nulls_first=True), "pk")
-            .values_list("pk", "name", "next_tick", "db_now")[:LOOK_AHEAD]
-        )
-        read = time.monotonic()
-        due = [(pk, next_tick) for pk, _, next_tick, now in rows if next_tick is None or next_tick <= now]
-        if due:
-            outcomes = tick_many(schedules, due)
-            self.ticked += outcomes.count(Outcome.ENQUEUED)
-            # Another worker is ticking a due row: look again soon. Else at once (new next ticks).
-            return BUSY_RETRY if Outcome.TAKEN in outcomes else 0
-        if not rows:
-            return MAX_SLEEP
-        _, _, next_tick, now = rows[0]
-        delay: float = (next_tick - now).total_seconds() - (time.monotonic() - read)
-        return max(0.0, min(delay, MAX_SLEEP))
-
-
-def is_lock(exc: DatabaseError) -> bool:
-    """Tell whether ``exc`` says another transaction held a lock this one needed (it may be run again)."""
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    sqlite_name = getattr(cause, "sqlite_errorname", None)
-    if isinstance(sqlite_name, str):
-        return sqlite_name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
-    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    if sqlstate is not None:
-        return sqlstate in POSTGRESQL_LOCKS
-    args: tuple[Any, ...] = getattr(cause, "args", ())
-    if args and isinstance(args[0], int):
-        return args[0] in MYSQL_LOCKS
-    return bool(args) and isinstance(args[0], str) and "is locked" in args[0]
+    """Enable or disable schedules (and the stored ones of these names); return how many changed.
+    Enabling clears ``next_tick``: the ticks that passed while disabled are not caught up."""
+    with transaction.atomic(using=alias()):
+        stored = StoredSchedule.objects.filter(name__in=list(names)).exclude(enabled=enabled)
+        changed = set(stored.values_list("name", flat=True))
+        if changed:
+            stored.update(enabled=enabled, revision=draw_revision(), updated_at=timezone.now())
+        rows = ScheduleState.objects.filter(name__in=list(names)).exclude(enabled=enabled)
+        changed.update(rows.values_list("name", flat=True))
+        if enabled:
+            rows.update(enabled=True, next_tick=None, updated_at=DbNow())
+        else:
+            rows.update(enabled=False, updated_at=DbNow())
+    return len(changed)

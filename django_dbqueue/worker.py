@@ -29,7 +29,7 @@ from .models import CANCEL_HARD, Job
 from .operations import restart_marker
 from .outcomes import Outages, Outcomes, ending
 from .pool import Executor, Pool, Run
-from .schedules import Ticker
+from .ticker import Ticker
 
 logger = logging.getLogger("django_dbqueue")
 

@@ -30,7 +30,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from django.db.models import F
 from django.test import override_settings
 
-from django_dbqueue import claims, health, job, pauses, registry, schedules, schema
+from django_dbqueue import claims, db, health, job, pauses, registry, schedules, schema, ticker
 from django_dbqueue.checks import check_migrations, check_sqlite, check_worker_queues_used
 from django_dbqueue.db import DbNow
 from django_dbqueue.execution import Defaults
@@ -271,9 +271,9 @@ def sqlite_lock_error(tmp_path: Path) -> DatabaseError:
 def run_ticker(monkeypatch: pytest.MonkeyPatch, failures: list[DatabaseError | None]) -> None:
     """Run a ticker's loop in its thread: each look raises the next of ``failures`` (None: it
     succeeds), then it stops."""
-    ticker = schedules.Ticker("first-hour")
+    running = ticker.Ticker("first-hour")
 
-    def look(self: schedules.Ticker, declared: Any) -> float:
+    def look(self: ticker.Ticker, declared: Any) -> float:
         if failures:
             failure = failures.pop(0)
             if failure is not None:
@@ -283,16 +283,16 @@ def run_ticker(monkeypatch: pytest.MonkeyPatch, failures: list[DatabaseError | N
         return 0
 
     monkeypatch.setattr(schedules, "sync", lambda declared: None)
-    monkeypatch.setattr(schedules.Ticker, "look", look)
-    monkeypatch.setattr(schedules, "LOCK_RETRY", (0,))
-    thread = threading.Thread(target=ticker._run, args=({},))
+    monkeypatch.setattr(ticker.Ticker, "look", look)
+    monkeypatch.setattr(ticker, "LOCK_RETRY", (0,))
+    thread = threading.Thread(target=running._run, args=({},))
     thread.start()
     thread.join(30)
     assert not thread.is_alive()
 
 
 def test_the_locks_of_each_database_are_told_from_other_errors(tmp_path):
-    assert schedules.is_lock(sqlite_lock_error(tmp_path))
+    assert db.is_lock(sqlite_lock_error(tmp_path))
 
     class Driver(Exception):
         def __init__(self, *args: Any, sqlstate: str | None = None) -> None:
@@ -304,11 +304,11 @@ def test_the_locks_of_each_database_are_told_from_other_errors(tmp_path):
         wrapped.__cause__ = driver
         return wrapped
 
-    assert schedules.is_lock(error(Driver("deadlock detected", sqlstate="40P01")))
-    assert schedules.is_lock(error(Driver("could not obtain lock", sqlstate="55P03")))
-    assert not schedules.is_lock(error(Driver("relation does not exist", sqlstate="42P01")))
-    assert schedules.is_lock(error(Driver(1205, "Lock wait timeout exceeded; try restarting transaction")))
-    assert not schedules.is_lock(error(Driver(2006, "MySQL server has gone away")))
+    assert db.is_lock(error(Driver("deadlock detected", sqlstate="40P01")))
+    assert db.is_lock(error(Driver("could not obtain lock", sqlstate="55P03")))
+    assert not db.is_lock(error(Driver("relation does not exist", sqlstate="42P01")))
+    assert db.is_lock(error(Driver(1205, "Lock wait timeout exceeded; try restarting transaction")))
+    assert not db.is_lock(error(Driver(2006, "MySQL server has gone away")))
 
 
 @pytest.mark.django_db
@@ -328,7 +328,7 @@ def test_a_ticker_that_meets_a_lock_says_so_once_at_info_and_retries(monkeypatch
 @pytest.mark.django_db
 def test_a_lock_that_persists_is_an_error(monkeypatch, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="django_dbqueue")
-    monkeypatch.setattr(schedules, "LOCK_PERSISTS", 0)
+    monkeypatch.setattr(ticker, "LOCK_PERSISTS", 0)
     locked = sqlite_lock_error(tmp_path)
     run_ticker(monkeypatch, [locked, locked])
     said = [(record.levelname, record.getMessage()) for record in caplog.records if "lock" in record.getMessage()]

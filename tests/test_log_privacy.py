@@ -18,7 +18,8 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django_dbqueue import schedules
 from django_dbqueue.db import error_text
 from django_dbqueue.models import Job, ScheduleState
-from django_dbqueue.schedules import Ticker, periodic
+from django_dbqueue.schedules import periodic
+from django_dbqueue.ticker import Ticker
 from tests.testapp import jobs
 from tests.testapp.models import Run
 

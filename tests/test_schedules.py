@@ -15,7 +15,8 @@ from django_dbqueue import payload, schedules
 from django_dbqueue.checks import check_schedules
 from django_dbqueue.db import DbNow
 from django_dbqueue.models import FailedJob, Job, ScheduleState
-from django_dbqueue.schedules import Missed, Schedule, Ticker, periodic
+from django_dbqueue.schedules import Missed, Schedule, periodic
+from django_dbqueue.ticker import Ticker
 from tests.conftest import wait_until
 from tests.testapp import jobs
 from tests.testapp.models import Run

@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from django_dbqueue import schedules
 from django_dbqueue.models import Job, ScheduleState
-from django_dbqueue.schedules import Ticker, periodic
+from django_dbqueue.schedules import periodic
+from django_dbqueue.ticker import Ticker
 from tests.test_browser import live_url, page, screenshot_path  # noqa: F401  (fixtures)
 from tests.testapp import jobs
 

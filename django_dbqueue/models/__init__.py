@@ -23,6 +23,7 @@ from .jobs import (
 )
 from .tables import (
     BATCH_STATES,
+    MAX_JITTER,
     FlowLimit,
     JobBatch,
     JobBatchQuerySet,
@@ -32,6 +33,7 @@ from .tables import (
     QueueControl,
     QueueWorker,
     ScheduleState,
+    StoredSchedule,
     TaskResultRecord,
     UniqueWindow,
 )
@@ -39,10 +41,10 @@ from .workflows import JobStep, NodeState, Workflow, WorkflowEdge, WorkflowNode,
 
 __all__ = [
     "ANALYZE_AFTER", "BATCH_STATES", "CANCEL", "CANCELLED_CLASS", "CANCEL_HARD", "DB_NOW",
-    "INVALID_ROW_CLASS", "JOB_RECORDS", "NO_CANCEL", "RETRIED", "STATUSES", "UNIQUE_INDEX",
+    "INVALID_ROW_CLASS", "JOB_RECORDS", "MAX_JITTER", "NO_CANCEL", "RETRIED", "STATUSES", "UNIQUE_INDEX",
     "BatchState", "FailedJob", "FailedJobQuerySet", "FlowLimit", "Job", "JobBatch",
     "JobBatchQuerySet", "JobHistory", "JobProgress", "JobQuerySet", "JobStatus", "JobStep",
-    "NodeState", "PausedQueue", "QueueControl", "QueueWorker", "ScheduleState", "State",
+    "NodeState", "PausedQueue", "QueueControl", "QueueWorker", "ScheduleState", "State", "StoredSchedule",
     "TaskResultRecord", "UniqueWindow", "Workflow", "WorkflowEdge", "WorkflowNode", "WorkflowQuerySet", "check_rows",
     "record_id", "sql_names", "workflow_state",
 ]  # fmt: skip

@@ -1,12 +1,14 @@
-"""The queue's other tables: progress, workers, result records, schedules, flow limits,
-unique windows, paused queues, batches and history."""
+"""The queue's other tables: progress, workers, result records, schedules (where each stands,
+and those stored at runtime), flow limits, unique windows, paused queues, batches and history."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.validators import MaxValueValidator
 from django.db import connections, models, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Substr
@@ -162,6 +164,70 @@ class ScheduleState(QueueTable):
 
     def __str__(self) -> str:
         return self.name
+
+
+# The longest jitter a stored schedule may have: an hour (``dbqueue_stored_schedule_jitter``).
+MAX_JITTER = 3600
+
+
+def draw_revision() -> int:
+    """A stored schedule's new revision: workers see a change when the rows' count or the sum of
+    their revisions changes (a random number, unlike a time, is not fooled by skewed clocks)."""
+    return secrets.randbits(31)
+
+
+class StoredSchedule(QueueTable):
+    """A periodic schedule made at runtime (admin, ``queue_schedules``), ticked as those declared in code.
+
+    Where it stands (next tick, last run) is the ``ScheduleState`` row of the same name. Save it
+    through ``schedules.save_stored``, which checks the job, its arguments, the cron expression and
+    the time zone.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200, unique=True, help_text="The schedule's key; unique with those in code.")
+    job_name = models.CharField(max_length=200, help_text="A registered job's name.")
+    args = models.JSONField(default=list, blank=True, help_text='Positional arguments, a JSON list: ["eu", 3].')
+    kwargs = models.JSONField(default=dict, blank=True, help_text='Keyword arguments, a JSON object: {"full": true}.')
+    cron = models.CharField(
+        max_length=100,
+        help_text="5 fields (minute hour day month weekday), 6 with seconds first, or @daily, @hourly ...",
+    )
+    timezone = models.CharField(max_length=64, blank=True, default="", help_text="Blank: settings.TIME_ZONE.")
+    queue = models.CharField(max_length=100, blank=True, default="", help_text="Blank: the job's own queue.")
+    enabled = models.BooleanField(default=True)
+    jitter = models.PositiveIntegerField(
+        default=0,
+        validators=[MaxValueValidator(MAX_JITTER)],
+        help_text=f"Tick up to so many seconds after the expression's time (0 to {MAX_JITTER}): a fixed "
+        "offset of this schedule's own, the same at every tick.",
+    )
+    tick_argument = models.CharField(
+        max_length=100,
+        blank=True,
+        default="",
+        help_text="Pass the tick (an aware datetime) as this keyword; blank: not.",
+    )
+    revision = models.PositiveIntegerField(default=0, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "dbqueue_stored_schedule"
+        verbose_name = "stored schedule"
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(jitter__lte=MAX_JITTER), name="dbqueue_stored_schedule_jitter")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.revision = draw_revision()
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "revision", "updated_at"}
+        super().save(*args, **kwargs)
 
 
 class FlowLimitManager(QueueDatabaseManager):
