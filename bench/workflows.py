@@ -2,18 +2,20 @@
 
 Fills a fresh PostgreSQL database either with N no-op jobs (``enqueue_many``) or with one
 workflow (a root, N nodes after it, one sink after them all), then drains it with W
-``queue_work`` processes and times the drain (worker start-up taken away). While the
-workflow drains, ``pg_stat_activity`` is sampled every 10 ms for sessions waiting on a lock
-(``wait_event_type = 'Lock'``): the release of dependents must not queue the workers on one row.
+``queue_work`` processes and times the drain, from the queue's resume (the workers started on it
+paused) to the table empty. Every 10 ms a sampler reads that, and the sessions waiting on a lock
+in ``pg_stat_activity`` (``wait_event_type = 'Lock'``): the release of dependents must not queue
+the workers on one row.
 Variants alternate within each repeat.
 
-    .venv/bin/python -m bench.workflows --nodes 10000 --workers 1 --workers 4 --repeat 3
+    .venv/bin/python -m bench.workflows --nodes 10000 --workers 1 --workers 4 --repeat 5
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,8 +33,10 @@ import django
 django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
-from django_dbqueue import enqueue_many, workflow
+from django_dbqueue import enqueue_many, pauses, workflow
 from bench.benchapp.jobs import noop
+# Paused while the workers start: the clock runs from the resume, with every worker up.
+pauses.pause("default", force=True)
 if {graph}:
     wf = workflow("fan")
     wf.add("root", noop.bind(-1))
@@ -65,6 +69,7 @@ class LockWaits:
     """Samples the sessions of the bench database waiting on a lock, every 10 ms, in a thread."""
 
     def __init__(self) -> None:
+        self.emptied: float | None = None  # when the job table was first seen empty (time.monotonic)
         self.samples = 0
         self.waiting = 0  # samples with at least one session waiting on a lock
         self.most = 0
@@ -80,11 +85,15 @@ class LockWaits:
         self._thread.join()
 
     def _run(self) -> None:
-        with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
+        with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={DBNAME}", autocommit=True) as conn:
             while not self._stop.is_set():
-                (count,) = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'", [DBNAME]
+                count, empty = conn.execute(
+                    "SELECT count(*), NOT EXISTS (SELECT FROM dbqueue_job) FROM pg_stat_activity "
+                    "WHERE datname = %s AND wait_event_type = 'Lock'",
+                    [DBNAME],
                 ).fetchone()
+                if empty and self.emptied is None:
+                    self.emptied = time.monotonic()
                 self.samples += 1
                 self.waiting += bool(count)
                 self.most = max(self.most, count)
@@ -96,26 +105,39 @@ def drain(graph: bool, nodes: int, workers: int) -> tuple[float, LockWaits]:
     subprocess.run([sys.executable, "-c", FILL.format(graph=graph, nodes=nodes)], env=env(), cwd=ROOT, check=True)
     with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
         conn.execute("CHECKPOINT")
-    # --until-done, not --stop-when-empty: a worker that finds nothing to claim while the root runs
-    # must wait for the nodes it releases (woken by the release's NOTIFY), not leave.
-    command = [sys.executable, "-m", "django", "queue_work", "--until-done", "--sleep", "1", "-v", "0"]
-    started = time.monotonic()
-    with LockWaits() as waits:
-        processes = [subprocess.Popen(command, env=env(), cwd=ROOT) for _ in range(workers)]
-        for process in processes:
-            process.wait()
-    total = time.monotonic() - started
-    # Start-up and shut-down of empty workers, to take away.
-    started = time.monotonic()
-    for process in [subprocess.Popen(command, env=env(), cwd=ROOT) for _ in range(workers)]:
-        process.wait()
-    idle = time.monotonic() - started
+    # The workers start on the paused queue (all of them up: one row each in the workers table), and
+    # the clock runs from the resume (its NOTIFY wakes them) to the table empty, as sampled every
+    # 10 ms: not the start-up, nor the idle workers' last poll (while the sink runs alone, the others
+    # sleep until they are stopped). A worker that finds nothing while the root runs waits for the
+    # nodes it releases (woken by the release's NOTIFY).
+    command = [sys.executable, "-m", "django", "queue_work", "--sleep", "1", "-v", "0"]
+    processes = [subprocess.Popen(command, env=env(), cwd=ROOT) for _ in range(workers)]
+    with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={DBNAME}", autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while conn.execute("SELECT count(*) FROM dbqueue_worker").fetchone()[0] < workers:
+            if time.monotonic() > deadline:
+                raise SystemExit("the workers did not start")
+            time.sleep(0.05)
+        time.sleep(0.5)  # past their first claim of the paused queue: asleep, listening
+        with LockWaits() as waits:
+            began = time.monotonic()
+            with conn.transaction():
+                conn.execute("DELETE FROM dbqueue_paused_queue WHERE queue = 'default'")
+                conn.execute("SELECT pg_notify('dbqueue', 'default')")
+            while waits.emptied is None and time.monotonic() < began + 600:
+                time.sleep(0.01)
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        process.wait(30)
+    assert waits.emptied is not None, "the queue was not empty after 10 minutes"
+    total = waits.emptied - began
     with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={DBNAME}") as conn:
         (left,) = conn.execute("SELECT count(*) FROM dbqueue_job").fetchone()
         (failed,) = conn.execute("SELECT count(*) FROM dbqueue_failed_job").fetchone()
     if left or failed:
         raise SystemExit(f"{left} jobs left and {failed} failed after the drain")
-    return (nodes + 2) / max(total - idle, 1e-6), waits
+    return (nodes + 2) / max(total, 1e-6), waits
 
 
 def main() -> None:
