@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.contrib.auth.models import Permission, User
 from django.db import DatabaseError, connection, connections
+from django.test import Client
 
 from django_dbqueue import registry
 from django_dbqueue.execution import Defaults
@@ -326,3 +328,27 @@ def ticks_while(awaitable: Callable[[], Any]) -> int:
 
     asyncio.run(main())
     return ticks
+
+
+@pytest.fixture
+def admin(admin_user: Any) -> Client:
+    """A test client logged in as a superuser."""
+    client = Client()
+    client.force_login(admin_user)
+    return client
+
+
+@pytest.fixture
+def staff(db: None) -> Callable[..., Client]:
+    """``staff(*codenames)``: a test client logged in as a staff user with only these permissions of the app."""
+
+    def make(*codenames: str) -> Client:
+        user = User.objects.create_user(f"user{User.objects.count()}", password="pw", is_staff=True)
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="django_dbqueue", codename__in=codenames)
+        )
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make

@@ -4,7 +4,6 @@ import datetime as dt
 import re
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Now
@@ -33,27 +32,6 @@ def make_failed(key: str, queue: str = "default") -> FailedJob:
     )
     assert failed is not None
     return failed
-
-
-@pytest.fixture
-def staff(db):
-    def make(*codenames: str) -> Client:
-        user = User.objects.create_user(f"user{User.objects.count()}", password="pw", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="django_dbqueue", codename__in=codenames)
-        )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
-
-
-@pytest.fixture
-def admin(admin_user) -> Client:
-    client = Client()
-    client.force_login(admin_user)
-    return client
 
 
 def test_the_failed_job_list_shows_name_exception_and_the_errors_last_line(admin):

@@ -73,13 +73,6 @@ def csrf_token(client: Client, url: str) -> str:
     return match.group(1)
 
 
-@pytest.fixture
-def admin(admin_user) -> Client:
-    client = Client()
-    client.force_login(admin_user)
-    return client
-
-
 def row_of(html: str, batch_id: int) -> str:
     """The change list's row of the batch: from its checkbox to the end of the row."""
     start = html.index(f'name="_selected_action" value="{batch_id}"')

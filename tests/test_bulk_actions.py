@@ -11,7 +11,6 @@ import io
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
@@ -142,27 +141,6 @@ def test_a_job_filter_refuses_an_error_text_for_jobs_and_says_what_it_selects():
 
 
 # -- the admin's "all matching" pages ---------------------------------------------------
-
-
-@pytest.fixture
-def admin(admin_user) -> Client:
-    client = Client()
-    client.force_login(admin_user)
-    return client
-
-
-@pytest.fixture
-def staff(db):
-    def make(*codenames: str) -> Client:
-        user = User.objects.create_user(f"user{User.objects.count()}", password="pw", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="django_dbqueue", codename__in=codenames)
-        )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 FILTER = {"name__exact": RECORD, "error": "timeout"}

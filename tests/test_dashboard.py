@@ -11,7 +11,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connections
 from django.db.models import F
 from django.test import Client
@@ -234,20 +234,6 @@ def test_the_figures_are_read_in_the_same_few_queries_whatever_the_rows():
 
 
 # -- the page ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff(db):
-    def make(*codenames: str) -> Client:
-        user = User.objects.create_user(f"user{User.objects.count()}", password="pw", is_staff=True)
-        user.user_permissions.set(
-            Permission.objects.filter(content_type__app_label="django_dbqueue", codename__in=codenames)
-        )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 @pytest.mark.django_db

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 from django.urls import reverse
 
 from django_dbqueue import claims, get_workflow, job, registry, workflow
@@ -27,13 +26,6 @@ from tests.testapp import workflow_jobs as jobs
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WORKFLOW_LIST = reverse("admin:django_dbqueue_workflow_changelist")
-
-
-@pytest.fixture
-def admin(admin_user) -> Client:
-    client = Client()
-    client.force_login(admin_user)
-    return client
 
 
 def change_url(pk: int) -> str:

@@ -93,6 +93,18 @@ class QueueCommand(BaseCommand):
         until = f"Only the {what} {at} before WHEN (default: no bound)."
         parser.add_argument("--until", type=options.moment, metavar="WHEN", help=until)
 
+    def selected_ids(self, opts: dict[str, Any], usage: str) -> list[str] | None:
+        """The id specs given, or None for a selection (``all``, or the options of ``add_selection``);
+        none, or more than one kind at once, is refused with ``usage``."""
+        specs = [spec for spec in opts["ids"] if spec != options.ALL]
+        filtered = any(opts.get(option) is not None for option in ("queue", "name", "error_contains", "since", "until"))
+        kinds = [bool(specs), options.ALL in opts["ids"], filtered]
+        if not any(kinds):
+            raise CommandError(usage)
+        if sum(kinds) > 1:
+            raise CommandError("Pass ids, a selection (--queue, --name, ...), or all: one kind of selection at a time.")
+        return specs or None
+
     def job_filter(self, opts: dict[str, Any]) -> bulk.JobFilter:
         """The filter the selection options give; a bad one is refused with the reason."""
         try:

@@ -10,7 +10,6 @@ USAGE = (
     "Say which jobs to cancel: ids (queue_cancel 3 5-9 12,14), a selection of waiting jobs (--queue QUEUE, "
     "--name NAME, --since WHEN, --until WHEN), or all."
 )
-SELECTORS = ("queue", "name", "since", "until")
 
 
 class Command(QueueCommand):
@@ -36,13 +35,7 @@ class Command(QueueCommand):
         self.add_confirmation(parser, CANCEL)
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        specs = [spec for spec in opts["ids"] if spec != options.ALL]
-        filtered = any(opts[selector] is not None for selector in SELECTORS)
-        selectors = [bool(specs), options.ALL in opts["ids"], filtered]
-        if not any(selectors):
-            raise CommandError(USAGE)
-        if sum(selectors) > 1:
-            raise CommandError("Pass ids, a selection (--queue, --name, ...), or all: one kind of selection at a time.")
+        specs = self.selected_ids(opts, USAGE)
         if specs:
             self._cancel_ids(operations.parse_ids(specs), opts)
             return
@@ -51,7 +44,8 @@ class Command(QueueCommand):
                 "Nothing was cancelled: --hard stops running jobs, and a selection cancels only the jobs nobody "
                 "holds (cancel running ones by id)."
             )
-        self._cancel_selection(self.job_filter(opts), filtered, opts)
+        job_filter = self.job_filter(opts)
+        self._cancel_selection(job_filter, not job_filter.empty, opts)
 
     def _cancel_ids(self, ids: list[int], opts: dict[str, Any]) -> None:
         outcomes = operations.cancel_jobs(ids, hard=opts["hard"], reason=opts["reason"])

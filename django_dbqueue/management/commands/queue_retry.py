@@ -12,7 +12,6 @@ USAGE = (
     "Say which failed jobs to retry: ids (queue_retry 3 5-9 12,14), a selection (--queue QUEUE, --name NAME, "
     "--error-contains TEXT, --since WHEN, --until WHEN), or all."
 )
-SELECTORS = ("queue", "name", "error_contains", "since", "until")
 
 
 class Command(QueueCommand):
@@ -30,13 +29,7 @@ class Command(QueueCommand):
         self.add_confirmation(parser, RETRY)
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        specs = [spec for spec in opts["ids"] if spec != options.ALL]
-        filtered = any(opts[selector] is not None for selector in SELECTORS)
-        selectors = [bool(specs), options.ALL in opts["ids"], filtered]
-        if not any(selectors):
-            raise CommandError(USAGE)
-        if sum(selectors) > 1:
-            raise CommandError("Pass ids, a selection (--queue, --name, ...), or all: one kind of selection at a time.")
+        specs = self.selected_ids(opts, USAGE)
         if specs:
             with self.refusing(FailedJobsNotFound, "retried"):
                 count = operations.retry_failed_ids(operations.parse_ids(specs))
@@ -44,7 +37,7 @@ class Command(QueueCommand):
             job_filter = self.job_filter(opts)
             counted = bulk.failed_to_retry(job_filter.failed())
             if counted.count:
-                matching = f" matching {job_filter.describe()}" if filtered else ""
+                matching = f" matching {job_filter.describe()}" if not job_filter.empty else ""
                 if not self.confirmed(opts, RETRY, f"{counted.count:,} failed job(s){matching}"):
                     return
             count = self._retry_selection(counted)
