@@ -30,7 +30,7 @@ from django_dbqueue.models import FailedJob, Job, JobHistory
 from tests.conftest import run_worker
 from tests.test_admin import make_failed
 from tests.test_browser import live_url, page, screenshot_path  # noqa: F401  (fixtures)
-from tests.test_dashboard import URL, add_history, busy_day, staff  # noqa: F401  (a fixture)
+from tests.test_dashboard import URL, add_history, busy_day
 
 OVERVIEW = reverse("admin:django_dbqueue_overview")
 FAILED_LIST = reverse("admin:django_dbqueue_failedjob_changelist")
@@ -69,7 +69,7 @@ def test_the_dashboard_and_the_overview_mark_up_breadcrumbs_as_this_django_does_
 
 
 @pytest.mark.django_db
-def test_the_admin_index_and_the_job_list_link_to_the_dashboard_for_users_who_may_view_jobs(staff):  # noqa: F811
+def test_the_admin_index_and_the_job_list_link_to_the_dashboard_for_users_who_may_view_jobs(staff):
     viewer = staff("view_job")
     index = viewer.get(reverse("admin:index")).content.decode()
     # The app's section lists the dashboard as the job history it charts: one click from the index.
@@ -92,7 +92,7 @@ def test_the_admin_index_and_the_job_list_link_to_the_dashboard_for_users_who_ma
 
 
 @pytest.mark.django_db
-def test_a_job_that_succeeded_after_retries_shows_no_failure_and_its_retries_apart(staff):  # noqa: F811
+def test_a_job_that_succeeded_after_retries_shows_no_failure_and_its_retries_apart(staff):
     now = timezone.now()
     add_history(now, queue="emails", name="app.flaky", succeeded=4, retried=2, h3=6, run_time=0.3)
     client = staff("view_job", "view_failedjob")
@@ -119,7 +119,7 @@ def test_a_job_that_succeeded_after_retries_shows_no_failure_and_its_retries_apa
 
 
 @pytest.mark.django_db
-def test_the_three_charts_are_only_the_succeeded_one_for_users_who_may_not_view_failed_jobs(staff):  # noqa: F811
+def test_the_three_charts_are_only_the_succeeded_one_for_users_who_may_not_view_failed_jobs(staff):
     add_history(timezone.now(), succeeded=3, failed=1, retried=1)
     html = staff("view_job").get(URL).content.decode()
     assert html.count('class="dbq-chart"') == 2 and "retried, last hour" not in html and "Retried</th>" not in html

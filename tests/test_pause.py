@@ -28,7 +28,7 @@ from django_dbqueue.exceptions import UnknownQueue
 from django_dbqueue.models import Job, PausedQueue
 from django_dbqueue.signals import queue_paused, queue_resumed
 from tests.conftest import needs_listen, wait_until
-from tests.test_admin import admin, make_failed, staff  # noqa: F401 - fixtures and a helper
+from tests.test_admin import make_failed
 from tests.test_operations_commands import worker_row
 from tests.testapp import jobs
 from tests.testapp.models import Run
@@ -366,7 +366,7 @@ def test_queue_monitor_marks_paused_queues_and_lists_empty_ones():
 
 
 @db
-def test_the_overview_shows_which_queues_are_paused(admin):  # noqa: F811
+def test_the_overview_shows_which_queues_are_paused(admin):
     jobs.record.enqueue("a")
     pauses.pause("emails", force=True)
     response = admin.get(OVERVIEW)
@@ -379,7 +379,7 @@ def test_the_overview_shows_which_queues_are_paused(admin):  # noqa: F811
 
 
 @db
-def test_a_user_with_pause_queue_pauses_and_resumes_from_the_overview(staff):  # noqa: F811
+def test_a_user_with_pause_queue_pauses_and_resumes_from_the_overview(staff):
     jobs.record.enqueue("a")
     client = staff("view_job", "pause_queue")
     response = client.post(PAUSE, {"queue": "default"}, follow=True)
@@ -393,14 +393,14 @@ def test_a_user_with_pause_queue_pauses_and_resumes_from_the_overview(staff):  #
 
 
 @db
-def test_an_unknown_queue_posted_to_pause_is_refused_with_a_message(staff):  # noqa: F811
+def test_an_unknown_queue_posted_to_pause_is_refused_with_a_message(staff):
     response = staff("view_job", "pause_queue").post(PAUSE, {"queue": "emials"}, follow=True)
     assert "Nothing was paused: unknown queue" in response.content.decode()
     assert pauses.paused_queues() == []
 
 
 @db
-def test_without_pause_queue_the_buttons_are_hidden_and_a_post_is_refused(staff):  # noqa: F811
+def test_without_pause_queue_the_buttons_are_hidden_and_a_post_is_refused(staff):
     jobs.record.enqueue("a")
     pauses.pause("emails", force=True)
     client = staff("view_job")
@@ -413,7 +413,7 @@ def test_without_pause_queue_the_buttons_are_hidden_and_a_post_is_refused(staff)
 
 
 @db
-def test_a_user_who_may_only_pause_sees_the_queue_names_to_pause(staff):  # noqa: F811
+def test_a_user_who_may_only_pause_sees_the_queue_names_to_pause(staff):
     jobs.record.using(queue="emails").enqueue("a")
     response = staff("pause_queue").get(OVERVIEW)
     assert response.status_code == 200
@@ -422,7 +422,7 @@ def test_a_user_who_may_only_pause_sees_the_queue_names_to_pause(staff):  # noqa
 
 
 @db
-def test_a_get_of_the_pause_and_resume_urls_changes_nothing(admin):  # noqa: F811
+def test_a_get_of_the_pause_and_resume_urls_changes_nothing(admin):
     jobs.record.enqueue("a")
     assert admin.get(PAUSE, {"queue": "default"}).status_code == 405
     pauses.pause("emails", force=True)
