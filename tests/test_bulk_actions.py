@@ -11,8 +11,6 @@ import io
 from typing import Any
 
 import pytest
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -22,6 +20,7 @@ from django_dbqueue.admin import failed as failed_admin
 from django_dbqueue.admin import jobs as jobs_admin
 from django_dbqueue.management.options import moment as parse
 from django_dbqueue.models import CANCELLED_CLASS, FailedJob, Job
+from tests.test_operations_commands import error_of, run
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.django_db
@@ -243,18 +242,6 @@ class Terminal(io.StringIO):
 
     def isatty(self) -> bool:
         return True
-
-
-def run(name: str, *args: str, **options: Any) -> str:
-    out = io.StringIO()
-    call_command(name, *args, stdout=out, stderr=io.StringIO(), **options)
-    return out.getvalue()
-
-
-def error_of(name: str, *args: str, **options: Any) -> str:
-    with pytest.raises(CommandError) as info:
-        run(name, *args, **options)
-    return str(info.value)
 
 
 def test_queue_retry_of_a_selection_asks_first_and_retries_only_on_yes(failed_mix):
