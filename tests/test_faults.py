@@ -66,12 +66,16 @@ def test_a_job_running_three_times_its_retry_after_is_not_stolen_from_its_live_w
 
 
 def test_a_killed_workers_long_job_is_still_reclaimed_after_its_retry_after(worker_process):
-    jobs.long_running.using(retry_after=2).enqueue("orphan", 3)
+    # Long enough that the kill lands mid-run however slowly the second worker starts under
+    # load (at 3 s, a loaded CI's second worker took so long the job ended before the kill);
+    # quick once reclaimed.
+    jobs.long_running.using(retry_after=2).enqueue("orphan", 60, again=1)
     first = worker_process("--sleep", "0.05")
     wait_until(lambda: Attempt.objects.filter(key="orphan").exists(), 30, "the job never started")
     second = worker_process("--sleep", "0.05")
     second.wait_for_output("worker started")
     time.sleep(1.5)  # past a heartbeat or two
+    assert not Run.objects.filter(key="orphan").exists(), "the job ended before the kill"
     first.signal(signal.SIGKILL)
     first.wait(timeout=10)
     killed = time.monotonic()

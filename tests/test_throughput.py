@@ -32,7 +32,10 @@ def make_worker(batch: int, **options: float) -> Worker:
 
 def is_claim(sql: str) -> bool:
     """A claim: on PostgreSQL an UPDATE ... RETURNING (alone, or with the DELETE of the batch
-    that ran), else a SELECT in index order."""
+    that ran), else a SELECT in index order. The workflow sweep an idle worker runs now and then
+    also selects jobs in order; it is not a claim."""
+    if "dbqueue_workflow_node" in sql:
+        return False
     if connection.vendor == "postgresql":
         return sql.startswith(("UPDATE", "WITH")) and "SKIP LOCKED" in sql and "dbqueue_job" in sql
     return sql.startswith("SELECT") and "dbqueue_job" in sql and "ORDER BY" in sql

@@ -154,14 +154,15 @@ def slow_step(context: JobContext, chain_key: str, n: int, seconds: float) -> No
 
 
 @job(takes_context=True, tries=3, timeout=20, retry_after=30)
-def long_running(context: JobContext, key: str, seconds: float) -> None:
-    """Records each attempt, runs ``seconds``, then records the run (unique key).
+def long_running(context: JobContext, key: str, seconds: float, again: float | None = None) -> None:
+    """Records each attempt, runs ``seconds`` (``again`` on a later attempt, if given), then
+    records the run (unique key).
 
     The heartbeat tests enqueue it with ``.using(retry_after=2)``: a reservation
     far shorter than the run, while the definition itself passes dbqueue.W002.
     """
     Attempt.objects.create(key=key, attempt=context.attempt)
-    time.sleep(seconds)
+    time.sleep(seconds if again is None or context.attempt == 1 else again)
     Run.objects.create(key=key, pid=os.getpid())
 
 
