@@ -137,6 +137,7 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
     "WORKER_BEAT": ("a number >= 0.1 (seconds)", lambda v: _number(v, minimum=0.1)),
     "HISTORY": ("a bool", lambda v: isinstance(v, bool)),
     "HISTORY_MAX_AGE": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
+    "KEEP_FINISHED": ("a number of hours > 0, or None", lambda v: v is None or _number(v, minimum=0.001)),
     "METRICS_TOKEN": (
         f"a string of at least {MIN_TOKEN_LENGTH} characters that neither starts nor ends with a space "
         "(such as secrets.token_urlsafe()), or None",

@@ -88,6 +88,10 @@ DEFAULTS: dict[str, Any] = {
     # Hours after which idle workers fold history rows into one total per queue and
     # job name (history.prune); None keeps them.
     "HISTORY_MAX_AGE": 48,
+    # Hours to keep a row per finished job (succeeded, failed or cancelled: its arguments,
+    # outcome, times, worker and error), searchable in the admin (finished.py); None: none kept.
+    # Pruned by idle workers: on PostgreSQL whole days go, so a row stays up to a day longer.
+    "KEEP_FINISHED": None,
     # A secret that opens the metrics and health views (metrics_urls.py) to a client
     # that sends it as "Authorization: Bearer <token>" or ?token=; None: logged-in
     # users with the django_dbqueue.view_job permission only.

@@ -11,10 +11,11 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 
-from . import bulk, conf, lifecycle, workers
+from . import bulk, conf, enqueue, lifecycle, registry, rows, workers
 from .db import DbNow, alias, read_back
 from .exceptions import FailedJobsNotFound
-from .models import FailedJob, FailedJobQuerySet, Job, PausedQueue, QueueControl, QueueWorker
+from .models import FailedJob, FailedJobQuerySet, FinishedJob, Job, PausedQueue, QueueControl, QueueWorker
+from .registry import Handle
 
 RESTART_KEY = "restart"
 # Failed jobs retried per transaction (bulk.py): bounded memory and lock time, and an interrupted
@@ -168,6 +169,34 @@ def delete_failed_ids(ids: Sequence[int]) -> int:
     """Delete the failed jobs with these ids in one transaction; if one is missing, raise ``FailedJobsNotFound``."""
     with transaction.atomic(using=alias()):
         return sum(failed.delete()[0] for failed in _all_failed(ids))
+
+
+def enqueue_again(ids: Sequence[int]) -> list[Handle]:
+    """Enqueue each finished run among ``ids`` (``FinishedJob``) again, as a new job with the same
+    arguments and its definition's options of today, in one transaction; return the handles (of
+    a unique job whose key another holds: that job's). ``ValueError`` names a row that cannot be:
+    its job no longer registered, or its payload unreadable."""
+    steps = []
+    for row in FinishedJob.objects.filter(pk__in=ids).order_by("id"):
+        definition = registry.find(row.name)
+        if definition is None:
+            raise ValueError(f"finished job {row.pk} cannot be enqueued again: no job is registered as {row.name!r}")
+        envelope = row.payload
+        if not (
+            isinstance(envelope, dict)
+            and isinstance(envelope.get("args"), list)
+            and isinstance(envelope.get("kwargs"), dict)
+        ):
+            raise ValueError(f"finished job {row.pk} cannot be enqueued again: its arguments were not kept readable")
+        step = {
+            "name": row.name, "queue": row.queue, "priority": definition.priority, "tries": definition.tries,
+            "retry_after": definition.retry_after or int(conf.get("RETRY_AFTER")), "timeout": definition.timeout,
+            "args": envelope["args"], "kwargs": envelope["kwargs"],
+            **{key: envelope[key] for key in ("backoff", "flow", "retry_until", "max_exceptions") if key in envelope},
+        }  # fmt: skip
+        steps.append(step)
+    with transaction.atomic(using=alias()):
+        return [enqueue.store(rows.new_job(step)) for step in steps]
 
 
 @dataclasses.dataclass(frozen=True)

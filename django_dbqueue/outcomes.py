@@ -286,7 +286,7 @@ class Outcomes:
         claim wait to run), then report it."""
         if self.outages.connection_lost(job, outcome):
             outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True, counts_exception=False)
-        duration = outcome.duration
+        duration = job.ran_for = outcome.duration
         self.average_run = duration if self.average_run is None else 0.8 * self.average_run + 0.2 * duration
         status = outcome.status
         record = None

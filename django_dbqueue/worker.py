@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from django.db import DatabaseError
 
-from . import batches, claims, history, lifecycle, registry, schema, signals, unique, workers
+from . import batches, claims, finished, history, lifecycle, registry, schema, signals, unique, workers
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import alias, error_text, watch_network
 from .exceptions import JobCancelled, WorkerStopped
@@ -163,6 +163,12 @@ class Worker:
             if unique.scope(definition) == unique.UNTIL_STARTED:
                 clear_unique_keys(definition.effective_queue)
         self._flow_switched()
+        if finished.keeping():
+            # The days ahead of the history's partitions (PostgreSQL), as idle workers' pruning also makes.
+            try:
+                finished.add_partitions()
+            except DatabaseError as exc:
+                logger.warning("could not add the finished jobs' partitions: %s", error_text(exc))
         logger.info(
             "worker started worker_id=%s queues=%s%s",
             self.worker_id,

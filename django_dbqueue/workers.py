@@ -20,7 +20,7 @@ from datetime import timedelta
 from django.db import DatabaseError
 from django.db.models import Q
 
-from . import concurrency, conf, handles, history, lifecycle, progress, steps
+from . import concurrency, conf, finished, handles, history, lifecycle, progress, steps
 from .db import DbNow, error_text
 from .lifecycle import reclaim_worker
 from .models import FlowLimit, Job, QueueWorker
@@ -201,8 +201,8 @@ FIXED_PRUNE_HOURS = {"worker rows": PRUNE_AFTER / 3600, "flow limit rows": 24.0}
 
 def prune_old_rows() -> None:
     """Delete old rows (an idle worker does, now and then): as ``DBQUEUE["PROGRESS_MAX_AGE"]``,
-    ``["RESULT_MAX_AGE"]``, ``["STEP_MAX_AGE"]``, ``["WORKFLOW_MAX_AGE"]``, ``["HISTORY_MAX_AGE"]``
-    and ``FIXED_PRUNE_HOURS`` say."""
+    ``["RESULT_MAX_AGE"]``, ``["STEP_MAX_AGE"]``, ``["WORKFLOW_MAX_AGE"]``, ``["HISTORY_MAX_AGE"]``,
+    ``["KEEP_FINISHED"]`` and ``FIXED_PRUNE_HOURS`` say."""
     for setting, what, prune_rows in (
         ("PROGRESS_MAX_AGE", "progress rows", progress.prune),
         ("RESULT_MAX_AGE", "results", handles.prune_results),
@@ -210,6 +210,7 @@ def prune_old_rows() -> None:
         ("WORKFLOW_MAX_AGE", "workflows", lifecycle.prune_workflows),
         (None, "worker rows", lambda hours: prune(hours * 3600)),
         ("HISTORY_MAX_AGE", "history rows", history.prune),
+        ("KEEP_FINISHED", "finished jobs", finished.prune),
         (None, "flow limit rows", _prune_flow_limits),
     ):
         max_age = conf.get(setting) if setting is not None else FIXED_PRUNE_HOURS[what]

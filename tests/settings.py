@@ -115,6 +115,9 @@ DBQUEUE = {
     # Worker processes of the workers-table tests beat faster (DBQUEUE["WORKER_BEAT"]).
     "WORKER_BEAT": float(os.environ.get("DBQUEUE_TEST_WORKER_BEAT", "10")),
 }
+if os.environ.get("DBQUEUE_TEST_KEEP_FINISHED"):
+    # Worker processes of the history tests keep finished jobs (DBQUEUE["KEEP_FINISHED"], hours).
+    DBQUEUE["KEEP_FINISHED"] = float(os.environ["DBQUEUE_TEST_KEEP_FINISHED"])
 if os.environ.get("DBQUEUE_TEST_RATE_LIMITS"):
     # Worker processes of the rate limit tests: DBQUEUE["RATE_LIMITS"], as JSON.
     DBQUEUE["RATE_LIMITS"] = json.loads(os.environ["DBQUEUE_TEST_RATE_LIMITS"])

@@ -22,6 +22,7 @@ from .. import rates
 from ..db import caused_by_lost_connection
 from ..lifecycle import delete_many, finished_by_members, move_unreadable, reclaim_expired, release
 from ..lifecycle.dependencies import released
+from ..lifecycle.reactions import SUCCEEDED, concerned
 from ..models import Job, PausedQueue
 from ..workers import reclaim_dead
 from . import flow, plain
@@ -116,7 +117,8 @@ def finish_and_reserve(
         or not queues
         or queues[0] in paused(using)
         or uses_flow_claim(queues[0])
-        or any(job.concurrency_key for job in done)
+        # The statement moves batch counters and releases workflow nodes; other reactions need delete_many.
+        or concerned(SUCCEEDED, done) - {"batch_id", "node_id"}
     ):
         return delete_many(done), more()
     walk = plain.walks(queues[0])

@@ -33,7 +33,7 @@ from ..rows import follow_ups
 from ..signals import job_cancelled
 from . import dependencies
 from .failed import cancel_unstarted, failed_values, gone
-from .reactions import CANCELLED, FAILED, RELEASED, SUCCEEDED, members_ended, react, reacts
+from .reactions import CANCELLED, FAILED, RELEASED, SUCCEEDED, concerned, members_ended, react, reacts
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -92,10 +92,11 @@ def delete_many(jobs: Sequence[Job]) -> set[int]:
     """``delete`` for many jobs in one statement; return the ids deleted."""
     if not jobs:
         return set()
-    if not reacts(SUCCEEDED, jobs):
+    reactions = concerned(SUCCEEDED, jobs)
+    if not reactions:
         return _delete_many(jobs)
     using = Job.objects.get_queryset().db
-    if connections[using].vendor == "postgresql" and not any(job.batch_id or job.concurrency_key for job in jobs):
+    if connections[using].vendor == "postgresql" and reactions == {"node_id"}:
         return dependencies.delete_and_release(using, jobs)  # workflow nodes only: one statement
     with transaction.atomic(using=using):
         deleted = _delete_many(jobs)
@@ -363,12 +364,7 @@ def delete_unreserved(ids: Sequence[int]) -> list[Job]:
     """Delete the jobs among ``ids`` that no worker has reserved; return the rows deleted."""
     with transaction.atomic(using=alias()):
         # Row locks (PostgreSQL, MariaDB) keep workers off before the DELETE, whose condition protects everywhere.
-        rows = list(
-            Job.objects.filter(pk__in=ids, reserved_at__isnull=True)
-            .select_for_update()
-            .only("id", "name", "batch_id", "node_id")
-            .order_by()
-        )
+        rows = list(Job.objects.filter(pk__in=ids, reserved_at__isnull=True).select_for_update().order_by())
         if not rows:
             return []
         unreserved = Job.objects.get_queryset().filter(pk__in=[row.pk for row in rows], reserved_at__isnull=True)

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Count, Exists, F, OuterRef, Window
 from django.db.models.functions import RowNumber
 
-from .. import insert
+from .. import finished, insert
 from ..concurrency import limit_key
 from ..db import DbNow, alias, error_text, notify_ids, notify_queues
 from ..exceptions import PayloadError
@@ -67,31 +67,47 @@ def _count_members(using: str, ended: Mapping[str, Sequence[Any]], follow: list[
         members_ended(using, **counts)
 
 
+def _always() -> bool:
+    return True
+
+
 # Each feature: the column its rows carry, the outcomes it reacts to, its reaction (run in
-# this order). A release frees a slot; a released batch member stays pending.
-REACTIONS: tuple[tuple[str, frozenset[str], Reaction], ...] = (
-    ("concurrency_key", frozenset({SUCCEEDED, FAILED, RELEASED}), _free_slots),
-    ("batch_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK, LEFT}), _count_members),
-    ("node_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK}), dependencies.nodes_ended),
+# this order), and whether it is on. A release frees a slot; a released batch member stays
+# pending; the history of finished jobs concerns every row (``id``) while it is kept.
+REACTIONS: tuple[tuple[str, frozenset[str], Reaction, Callable[[], bool]], ...] = (
+    ("concurrency_key", frozenset({SUCCEEDED, FAILED, RELEASED}), _free_slots, _always),
+    ("batch_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK, LEFT}), _count_members, _always),
+    ("node_id", frozenset({SUCCEEDED, FAILED, CANCELLED, RETRIED_BACK}), dependencies.nodes_ended, _always),
+    ("id", frozenset({SUCCEEDED, FAILED, CANCELLED}), finished.record, finished.keeping),
 )
 
 
+def concerned(outcome: str, rows: Iterable[Any]) -> set[str]:
+    """The columns of the reactions that rows ending with ``outcome`` concern; a deferred column
+    counts as unused (reading it would query a row that may be gone)."""
+    rows = list(rows)
+    return {
+        column
+        for column, outcomes, _, on in REACTIONS
+        if outcome in outcomes and on() and any(vars(row).get(column) for row in rows)
+    }
+
+
 def reacts(outcome: str, rows: Iterable[Any]) -> bool:
-    """Whether rows that end with ``outcome`` concern any reaction (and so need a transaction);
-    a deferred column counts as unused (reading it would query a row that may be gone)."""
-    return any(vars(row).get(column) for column, outcomes, _ in REACTIONS if outcome in outcomes for row in rows)
+    """Whether rows that end with ``outcome`` concern any reaction (and so need a transaction)."""
+    return bool(concerned(outcome, rows))
 
 
 def react(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job] | None = None) -> None:
     """Run the reactions that ``ended`` (rows by outcome) concerns."""
-    for column, outcomes, reaction in REACTIONS:
-        concerned = {
+    for column, outcomes, reaction, on in REACTIONS:
+        chosen_rows = {
             kind: chosen
             for kind, rows in ended.items()
             if kind in outcomes and (chosen := [row for row in rows if vars(row).get(column)])
         }
-        if concerned:
-            reaction(using, concerned, follow if follow is not None else [])
+        if chosen_rows and on():
+            reaction(using, chosen_rows, follow if follow is not None else [])
 
 
 def running(using: str, keys: Sequence[str]) -> dict[str, int]:

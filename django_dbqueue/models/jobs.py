@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import F, Func, Q
 
 from ..db import DbNow, alias
-from ..states import State
+from ..states import JobStatus, State
 from ..validation import MAX_PRIORITY, MIN_PRIORITY, ROW_BOUNDS, row_error
 
 logger = logging.getLogger("django_dbqueue")
@@ -211,6 +211,9 @@ class Job(models.Model):
 
     # The database's clock, on rows read by queries that annotate it.
     db_now: datetime
+    # Not a column: seconds the worker timed this reservation's run, for the history of
+    # finished jobs (``finished``); None where nobody ran it.
+    ran_for: float | None = None
 
     class Meta:
         db_table = "dbqueue_job"
@@ -295,6 +298,56 @@ class FailedJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (failed #{self.pk})"
+
+    @property
+    def error_summary(self) -> str:
+        """The last non-empty line of the error: the exception and its message."""
+        lines = [line for line in self.error.strip().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+
+
+FINISHED_OUTCOMES = [(status.value, status.value) for status in JobStatus if status.finished]
+
+
+class FinishedJob(models.Model):
+    """One row per job that ended, kept ``DBQUEUE["KEEP_FINISHED"]`` hours (``finished``): written
+    in the transaction that ends the job, so it never disagrees with the queue. On PostgreSQL
+    the table is partitioned by day of ``finished_at`` (migration 0018), its primary key
+    ``(id, finished_at)``; ``id`` alone is unique, from one sequence."""
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.BigIntegerField(help_text="Id the job had while it was queued.")
+    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    # The envelope as queued, read as JSON (None if it could not be read): searched by argument content.
+    payload = models.JSONField(null=True, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    outcome = models.CharField(max_length=16, choices=FINISHED_OUTCOMES)
+    attempts = models.IntegerField(default=0)
+    worker = models.CharField(max_length=100, blank=True, default="", help_text="The worker that ran it last.")
+    created_at = models.DateTimeField(help_text="When the job was first enqueued.")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When its last attempt was claimed.")
+    finished_at = models.DateTimeField()
+    duration = models.FloatField(null=True, blank=True, help_text="Seconds its last run took, as its worker timed it.")
+    exception_class = models.CharField(max_length=255, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    batch_id = models.BigIntegerField(null=True, blank=True)
+    node_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "dbqueue_finished_job"
+        ordering = ["-finished_at", "-id"]
+        verbose_name = "finished job"
+        # PostgreSQL adds a GIN index on payload (jsonb_path_ops), for argument search.
+        indexes = [
+            models.Index(fields=["finished_at"], name="dbqueue_finished_at"),
+            models.Index(fields=["name", "finished_at"], name="dbqueue_finished_name"),
+            models.Index(fields=["queue", "finished_at"], name="dbqueue_finished_queue"),
+            models.Index(fields=["job_id"], name="dbqueue_finished_job_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.outcome} #{self.job_id})"
 
     @property
     def error_summary(self) -> str:
