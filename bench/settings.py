@@ -68,6 +68,9 @@ DBQUEUE: dict[str, Any] = {}
 if os.environ.get("BENCH_RESULTS"):
     # bench/results_cost.py: every job keeps its result.
     DBQUEUE["RESULTS"] = True
+if os.environ.get("BENCH_KEEP_FINISHED"):
+    # bench/setting_cost.py: the history of finished jobs, kept this many hours.
+    DBQUEUE["KEEP_FINISHED"] = float(os.environ["BENCH_KEEP_FINISHED"])
 if os.environ.get("BENCH_HISTORY") == "0":
     # bench/observe_cost.py: workers count no runs (DBQUEUE["HISTORY"]).
     DBQUEUE["HISTORY"] = False

@@ -148,12 +148,15 @@ def add_partitions(using: str | None = None, *, days: int = DAYS_AHEAD) -> list[
     for offset in range(days):
         day = today + timedelta(days=offset)
         if day not in have:
-            _add_partition(using, day)
+            add_partition(day, using)
             made.append(_partition(day))
     return made
 
 
-def _add_partition(using: str, day: date) -> None:
+def add_partition(day: date, using: str | None = None) -> None:
+    """PostgreSQL: create the partition of ``day`` (UTC) if it is missing, moving into it the day's
+    rows that fell into the default partition."""
+    using = using or alias()
     # The names and bounds come from a date, never from input.
     name, low, high = _partition(day), f"{day:%Y-%m-%d} 00:00:00+00", f"{day + timedelta(days=1):%Y-%m-%d} 00:00:00+00"
     bounds = f"FOR VALUES FROM ('{low}') TO ('{high}')"

@@ -161,7 +161,7 @@ def test_retention_drops_the_day_partitions_older_than_the_setting(keep):
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {finished.DEFAULT_PARTITION}")
         assert cursor.fetchone()[0] == 1
-    finished._add_partition("default", five_days_ago.astimezone(UTC).date())
+    finished.add_partition(five_days_ago.astimezone(UTC).date())
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {finished.DEFAULT_PARTITION}")
         assert cursor.fetchone()[0] == 0
