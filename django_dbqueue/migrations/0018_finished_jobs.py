@@ -5,9 +5,8 @@ days (no bulk DELETE, no bloat); its primary key is ``(id, finished_at)``, as a 
 table's must hold the partition key (``id`` comes from one identity sequence). The workers
 create the days' partitions ahead (``finished.add_partitions``); a row for a day that has
 none goes to the default partition, so an insert never fails for want of one. A GIN index
-(``jsonb_path_ops``) on the payload serves the search by argument content, and two partial
-indexes the search of failures (of one job, however rare among its runs), which a run that
-succeeded does not write. Elsewhere it is a plain table, pruned in chunks.
+(``jsonb_path_ops``) on the payload serves the search by argument content, and a partial
+index the search of failures however rare (a run that succeeded does not write it). Elsewhere it is a plain table, pruned in chunks.
 """
 
 from django.db import migrations, models
@@ -40,8 +39,6 @@ CREATE INDEX dbqueue_finished_queue ON dbqueue_finished_job (queue, finished_at)
 CREATE INDEX dbqueue_finished_job_id ON dbqueue_finished_job (job_id);
 CREATE INDEX dbqueue_finished_payload ON dbqueue_finished_job USING gin (payload jsonb_path_ops);
 CREATE INDEX dbqueue_finished_failed ON dbqueue_finished_job (finished_at)
-    WHERE outcome IN ('failed', 'cancelled');
-CREATE INDEX dbqueue_finished_failed_name ON dbqueue_finished_job (name, finished_at)
     WHERE outcome IN ('failed', 'cancelled');
 """
 
