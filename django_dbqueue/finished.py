@@ -96,9 +96,13 @@ def record(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) ->
 
 
 def _envelope(text: Any) -> Any:
-    """The envelope as JSON data, or None if it cannot be read as one (kept unsearchable, never refused)."""
+    """The envelope as JSON data, or None if it cannot be read as one or the database could not
+    store it (PostgreSQL's jsonb refuses the NUL character): kept unsearchable, never refused."""
+    text = str(text)
+    if "\\u0000" in text:
+        return None
     try:
-        return raw(str(text))
+        return raw(text)
     except (ValueError, PayloadError, RecursionError):
         return None
 

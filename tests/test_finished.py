@@ -186,3 +186,13 @@ def test_an_insert_never_fails_for_want_of_a_partition(keep):
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {finished.DEFAULT_PARTITION}")
         assert cursor.fetchone()[0] == 1
+
+
+@pytest.mark.django_db
+def test_arguments_the_database_cannot_store_as_json_keep_the_row_unsearchable(keep):
+    # PostgreSQL's jsonb refuses the NUL character, which JSON writes as \u0000 (and a job may take).
+    nul = jobs.echo.enqueue("a\x00b")
+    worker, _ = run_worker()
+    assert worker.processed == 1 and not Job.objects.exists()
+    row = FinishedJob.objects.get()
+    assert (row.job_id, row.outcome, row.payload) == (nul.id, "succeeded", None)

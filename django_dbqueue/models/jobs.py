@@ -334,6 +334,8 @@ class FinishedJob(models.Model):
     batch_id = models.BigIntegerField(null=True, blank=True)
     node_id = models.BigIntegerField(null=True, blank=True)
 
+    objects = QueueDatabaseManager()
+
     class Meta:
         db_table = "dbqueue_finished_job"
         ordering = ["-finished_at", "-id"]
