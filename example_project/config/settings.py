@@ -122,12 +122,15 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # The queue's defaults for jobs that set none; see django_dbqueue/conf.py.
-DBQUEUE = {
+DBQUEUE: dict[str, Any] = {
     "TRIES": 3,
     "TIMEOUT": 45,
     # Longer than TIMEOUT, so a job still running is never reclaimed and run twice.
     "RETRY_AFTER": 60,
 }
+# EXAMPLE_KEEP_FINISHED=168 keeps the finished jobs a week, searchable in the admin (docs/howto/history.md).
+if os.environ.get("EXAMPLE_KEEP_FINISHED"):
+    DBQUEUE["KEEP_FINISHED"] = float(os.environ["EXAMPLE_KEEP_FINISHED"])
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
