@@ -26,7 +26,7 @@ from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 
 from . import conf
-from .db import DbNow, alias, bound_cursor
+from .db import DbNow, alias, bound_cursor, cached_sql
 from .exceptions import PayloadError
 from .models import CANCELLED_CLASS, FailedJob, FinishedJob, Job
 from .payload import raw
@@ -51,12 +51,28 @@ def keeping() -> bool:
 # -- the reaction ------------------------------------------------------------------------------
 
 
+# The columns ``record`` writes, in order (``finished_at`` is the database's clock).
+COLUMNS = (
+    "job_id", "queue", "name", "payload", "priority", "outcome", "attempts", "worker", "created_at",
+    "started_at", "duration", "exception_class", "error", "batch_id", "node_id",
+)  # fmt: skip
+# PostgreSQL's array type of each column, for ``_insert_sql``'s unnest (the payload goes as text).
+_TYPES = (
+    "bigint", "text", "text", "text", "smallint", "text", "integer", "text", "timestamptz", "timestamptz",
+    "float8", "text", "text", "bigint", "bigint",
+)  # fmt: skip
+# The NUL character and lone surrogates, which PostgreSQL's jsonb refuses (a dumped envelope
+# writes every other character as it is).
+_UNSTORABLE = re.compile(r"\\u(0000|[dD][89a-fA-F])")
+
+
 def record(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) -> None:
     """Write the finished rows of jobs that ``ended`` (rows by outcome), in the caller's transaction.
 
     A row read without its payload (an operator's bulk delete of a queue reads only the ids it
     needs) is left out. A failure's error is read from the ``FailedJob`` row the same transaction
-    wrote; one cancelled there (``CANCELLED_CLASS``) is kept as cancelled.
+    wrote; one cancelled there (``CANCELLED_CLASS``) is kept as cancelled. On PostgreSQL one fixed
+    statement inserts them all (the ORM's bulk insert cost the drain more than the rows did).
     """
     failures: dict[int, tuple[str, str]] = {}
     failed = [row.pk for row in ended.get(Ended.FAILED, ())]
@@ -81,30 +97,54 @@ def record(using: str, ended: Mapping[str, Sequence[Any]], follow: list[Job]) ->
                 outcome = JobStatus.CANCELLED
             else:
                 outcome = JobStatus.FAILED
-            rows.append(
-                FinishedJob(
-                    job_id=job.pk, queue=job.queue, name=job.name, payload=_envelope(job.payload),
-                    priority=values.get("priority") or 0, outcome=outcome.value, attempts=values.get("attempts") or 0,
-                    worker=values.get("reserved_by") or "", created_at=values.get("created_at") or DbNow(),
-                    started_at=values.get("reserved_at"), finished_at=DbNow(), duration=job.ran_for,
-                    exception_class=exception_class, error=error, batch_id=values.get("batch_id"),
-                    node_id=values.get("node_id"),
-                )
-            )  # fmt: skip
-    if rows:
-        FinishedJob.objects.using(using).bulk_create(rows, batch_size=500)
+            created = values.get("created_at")
+            rows.append((
+                job.pk, job.queue, job.name, _storable(job.payload), values.get("priority") or 0, outcome.value,
+                values.get("attempts") or 0, values.get("reserved_by") or "",
+                created if isinstance(created, datetime) else None, values.get("reserved_at"), job.ran_for,
+                exception_class, error, values.get("batch_id"), values.get("node_id"),
+            ))  # fmt: skip
+    if not rows:
+        return
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        with bound_cursor(connection) as cursor:
+            cursor.execute(_insert_sql(connection), [list(column) for column in zip(*rows, strict=True)])
+        return
+    finished = []
+    for row in rows:
+        values = dict(zip(COLUMNS, row, strict=True))
+        values["payload"] = None if row[3] is None else raw(row[3])
+        values["created_at"] = row[8] or DbNow()
+        finished.append(FinishedJob(**values, finished_at=DbNow()))
+    FinishedJob.objects.using(using).bulk_create(finished, batch_size=500)
 
 
-def _envelope(text: Any) -> Any:
-    """The envelope as JSON data, or None if it cannot be read as one or the database could not
-    store it (PostgreSQL's jsonb refuses the NUL character): kept unsearchable, never refused."""
-    text = str(text)
-    if "\\u0000" in text:
+@cached_sql
+def _insert_sql(connection: Any) -> str:
+    """PostgreSQL: insert the rows given as one array per column (``COLUMNS``)."""
+    qn = connection.ops.quote_name
+    selected = {"payload": "v.payload::jsonb", "created_at": "coalesce(v.created_at, STATEMENT_TIMESTAMP())"}
+    columns = ", ".join(qn(column) for column in (*COLUMNS, "finished_at"))
+    values = ", ".join(selected.get(column, f"v.{column}") for column in COLUMNS)
+    arrays = ", ".join(f"%s::{kind}[]" for kind in _TYPES)
+    return (
+        f"INSERT INTO {qn(TABLE)} ({columns}) SELECT {values}, STATEMENT_TIMESTAMP() "
+        f"FROM unnest({arrays}) AS v ({', '.join(COLUMNS)})"
+    )
+
+
+def _storable(text: Any) -> str | None:
+    """The envelope's text if it is JSON that every database stores as such, else None (the row is
+    kept unsearchable, never refused)."""
+    stored = str(text)
+    if _UNSTORABLE.search(stored):
         return None
     try:
-        return raw(text)
+        raw(stored)
     except (ValueError, PayloadError, RecursionError):
         return None
+    return stored
 
 
 # -- partitions and retention ------------------------------------------------------------------
