@@ -134,6 +134,35 @@ def _insert_sql(connection: Any) -> str:
     )
 
 
+# The columns of a job row that ``kept_sql`` reads from the DELETE's RETURNING.
+RETURNED = ("queue", "name", "payload", "priority", "attempts", "reserved_by", "created_at", "reserved_at",
+            "batch_id", "node_id")  # fmt: skip
+
+
+def kept_sql(connection: Any, done: str) -> str:
+    """PostgreSQL: an INSERT of the finished rows of jobs that succeeded, read from ``done`` (a
+    DELETE's RETURNING of ``RETURNED`` besides ``id``), for a statement that deletes them
+    (``claims.finish_and_reserve``); its parameters: ``kept_params``."""
+    qn = connection.ops.quote_name
+    columns = ", ".join(qn(column) for column in (*COLUMNS, "finished_at"))
+    return (
+        f"INSERT INTO {qn(TABLE)} ({columns}) SELECT d.id, d.queue, d.name, "
+        "CASE WHEN h.storable THEN d.payload::jsonb END, d.priority, 'succeeded', d.attempts, d.reserved_by, "
+        "d.created_at, d.reserved_at, h.duration, '', '', d.batch_id, d.node_id, STATEMENT_TIMESTAMP() "
+        f"FROM {done} AS d JOIN unnest(%s::bigint[], %s::float8[], %s::boolean[]) AS h (id, duration, storable) "
+        "ON h.id = d.id"
+    )
+
+
+def kept_params(jobs: Sequence[Job]) -> list[list[Any]]:
+    """The parameters of ``kept_sql`` for ``jobs``."""
+    return [
+        [job.pk for job in jobs],
+        [job.ran_for for job in jobs],
+        [_storable(job.payload) is not None for job in jobs],
+    ]
+
+
 def _storable(text: Any) -> str | None:
     """The envelope's text if it is JSON that every database stores as such, else None (the row is
     kept unsearchable, never refused)."""

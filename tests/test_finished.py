@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import enqueue_many, finished, lifecycle, operations
 from django_dbqueue.models import FailedJob, FinishedJob, Job
@@ -196,3 +197,20 @@ def test_arguments_the_database_cannot_store_as_json_keep_the_row_unsearchable(k
     assert worker.processed == 1 and not Job.objects.exists()
     row = FinishedJob.objects.get()
     assert (row.job_id, row.outcome, row.payload) == (nul.id, "succeeded", None)
+
+
+@needs_postgresql
+@pytest.mark.django_db
+def test_on_postgresql_the_claim_that_deletes_the_jobs_writes_their_rows(keep):
+    enqueue_many(jobs.add.bind(i, 1) for i in range(25))
+    with CaptureQueriesContext(connection) as queries:
+        worker, _ = run_worker(batch=10, batch_window=60)
+    assert worker.processed == 25 and FinishedJob.objects.count() == 25
+    sql = [query["sql"] for query in queries.captured_queries]
+    # No INSERT of its own, no DELETE of its own: each claim after the first deletes the batch
+    # before it and writes its history rows (the last batch goes with the claim that finds none).
+    assert not [s for s in sql if s.startswith(("INSERT", "DELETE")) and "dbqueue_job" in s.split("(")[0]]
+    assert not [s for s in sql if s.startswith("INSERT") and "dbqueue_finished_job" in s.split("(")[0]]
+    assert len([s for s in sql if s.startswith("WITH done AS (DELETE") and "kept AS (INSERT" in s]) >= 3
+    row = FinishedJob.objects.get(payload__args=[24, 1])
+    assert row.outcome == "succeeded" and row.duration is not None and row.worker == worker.worker_id

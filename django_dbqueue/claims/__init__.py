@@ -18,7 +18,7 @@ from contextlib import nullcontext
 
 from django.db import DatabaseError, DataError, IntegrityError, connections, transaction
 
-from .. import rates
+from .. import finished, rates
 from ..db import caused_by_lost_connection
 from ..lifecycle import delete_many, finished_by_members, move_unreadable, reclaim_expired, release
 from ..lifecycle.dependencies import released
@@ -117,38 +117,41 @@ def finish_and_reserve(
         or not queues
         or queues[0] in paused(using)
         or uses_flow_claim(queues[0])
-        # The statement moves batch counters and releases workflow nodes; other reactions need delete_many.
-        or concerned(SUCCEEDED, done) - {"batch_id", "node_id"}
+        # The statement moves batch counters, releases workflow nodes or keeps the history (one of
+        # them); other reactions need delete_many.
+        or (reactions := concerned(SUCCEEDED, done)) - {"batch_id", "node_id", "id"}
     ):
         return delete_many(done), more()
     walk = plain.walks(queues[0])
-    members = any(job.batch_id for job in done)
-    nodes = any(job.node_id for job in done)
-    if members and nodes:
+    members = "batch_id" in reactions
+    nodes = "node_id" in reactions
+    kept = "id" in reactions
+    if members + nodes + kept > 1:
         return delete_many(done), more()
     # Batch members: their counters move in the statement, in a transaction that enqueues the callbacks.
     with transaction.atomic(using=using) if members else nullcontext():
-        sql = plain.finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members, nodes)
+        sql = plain.finish_and_claim_sql(connection, walk, clears_unique_keys(queues[0]), members, nodes, kept)
         params = [
             [job.pk for job in done],
             [job.attempts for job in done],
+            *(finished.kept_params(done) if kept else ()),
             *plain.claim_params(worker_id, queues[0], limit, walk=walk),
         ]
         rows = plain.timed_claim(connection, queues[0], walk, sql, params)
         if members and rows[0][0]:
             finished_by_members(using, rows[0][0])
-    finished = rows[0][0] if members else None
+    ended = rows[0][0] if members else None
     if nodes:
         # Workflow nodes: their children were released in the statement; again if one may have raced.
         released(using, rows[0][0], rows[0][1])
-        finished = rows[0][0]
+        ended = rows[0][0]
         rows = [row[2:] for row in rows]
     rows = [row[1:] for row in rows] if members else rows
     deleted = set(rows[0][0])
     jobs = plain_claimed(using, queues[0], plain.from_claim(using, [row[1:] for row in rows if row[1] is not None]))
     if not jobs:
         # The first queue is empty: the others (all if a batch finished: its callbacks came after).
-        others = queues if finished else queues[1:]
+        others = queues if ended else queues[1:]
         jobs = _claim_or_reclaim(using, others, queues, limit, worker_id, default_tries, before_reclaim)
     return deleted, jobs
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import DataError, IntegrityError, connections, transaction
 from django.db.models import Case, F, Value, When
 
-from .. import validation
+from .. import finished, validation
 from ..db import bound_cursor, cached_sql, caused_by_lost_connection, claims_with_skip_locked
 from ..lifecycle.changes import delete_returning, delete_sql, move_aside
 from ..lifecycle.dependencies import RELEASE
@@ -277,20 +277,34 @@ _CLAIM_SQL = {
 }
 
 
-def finish_and_claim_sql(connection: Any, walk: bool, clear: bool, members: bool, nodes: bool = False) -> str:
+def finish_and_claim_sql(
+    connection: Any, walk: bool, clear: bool, members: bool, nodes: bool = False, kept: bool = False
+) -> str:
     """PostgreSQL: ``lifecycle.changes.delete_sql`` and ``claim_sql`` in one statement.
 
     Each row holds the array of deleted ids, then a claimed row's columns (NULLs when none was
     claimed). With ``members``, each batch's ``pending`` goes down by its members deleted, and
-    every row starts with the array of the batches that reached 0.
+    every row starts with the array of the batches that reached 0. With ``kept`` (neither of the
+    others), the history's rows of the jobs deleted are written too (``finished.kept_sql``; its
+    parameters after the DELETE's).
     """
+    if kept:
+        return _FINISH_KEEP_AND_CLAIM_SQL[walk, clear](connection)
     if nodes:
         return _FINISH_AND_RELEASE_SQL[walk, clear](connection)
     return _FINISH_AND_CLAIM_SQL[walk, clear, members](connection)
 
 
-def _finish_and_claim(connection: Any, *, walk: bool, clear: bool, members: bool, nodes: bool = False) -> str:
+def _finish_and_claim(
+    connection: Any, *, walk: bool, clear: bool, members: bool, nodes: bool = False, kept: bool = False
+) -> str:
     claim = claim_sql(connection, walk=walk, clear=clear)
+    if kept:  # the history of finished jobs: its rows written from the DELETE's
+        return (
+            f"WITH done AS ({delete_returning(connection, *finished.RETURNED)}), "
+            f"kept AS ({finished.kept_sql(connection, 'done')}), claimed AS ({claim}) "
+            "SELECT ARRAY(SELECT id FROM done), claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
+        )
     if nodes:  # workflow nodes: their release (lifecycle.dependencies) rides on the statement
         return (
             f"WITH done AS ({delete_returning(connection, 'node_id')}), report AS (SELECT {RELEASE} AS racing), "
@@ -322,6 +336,11 @@ def _finish_and_claim(connection: Any, *, walk: bool, clear: bool, members: bool
 
 _FINISH_AND_RELEASE_SQL = {
     (walk, clear): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=False, nodes=True))
+    for walk in (False, True)
+    for clear in (False, True)
+}
+_FINISH_KEEP_AND_CLAIM_SQL = {
+    (walk, clear): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=False, kept=True))
     for walk in (False, True)
     for clear in (False, True)
 }
