@@ -255,6 +255,12 @@ def record_id(job_id: int) -> str:
     return f"job:{job_id}"
 
 
+def last_line(error: str) -> str:
+    """The last non-empty line of an error: the exception and its message."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
 class FailedJobQuerySet(models.QuerySet["FailedJob"]):
     pass
 
@@ -301,9 +307,7 @@ class FailedJob(models.Model):
 
     @property
     def error_summary(self) -> str:
-        """The last non-empty line of the error: the exception and its message."""
-        lines = [line for line in self.error.strip().splitlines() if line.strip()]
-        return lines[-1].strip() if lines else ""
+        return last_line(self.error)
 
 
 FINISHED_OUTCOMES = [(status.value, status.value) for status in JobStatus if status.finished]
@@ -340,7 +344,8 @@ class FinishedJob(models.Model):
         db_table = "dbqueue_finished_job"
         ordering = ["-finished_at", "-id"]
         verbose_name = "finished job"
-        # PostgreSQL adds a GIN index on payload (jsonb_path_ops), for argument search.
+        # PostgreSQL adds a GIN index on payload (jsonb_path_ops), for argument search, and a
+        # partial one on finished_at for failures (migration 0018).
         indexes = [
             models.Index(fields=["finished_at"], name="dbqueue_finished_at"),
             models.Index(fields=["name", "finished_at"], name="dbqueue_finished_name"),
@@ -353,6 +358,4 @@ class FinishedJob(models.Model):
 
     @property
     def error_summary(self) -> str:
-        """The last non-empty line of the error: the exception and its message."""
-        lines = [line for line in self.error.strip().splitlines() if line.strip()]
-        return lines[-1].strip() if lines else ""
+        return last_line(self.error)
