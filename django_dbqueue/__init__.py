@@ -16,6 +16,7 @@ from .registry import Exponential, JobCall, JobDefinition, job
 from .states import JobStatus, WorkflowState
 
 if TYPE_CHECKING:  # loaded on first use, as the names of _LAZY (they import the models)
+    from .about import jobs_for
     from .context import JobContext
     from .enqueue import enqueue_many
     from .workflows import CycleError, WorkflowBuilder, WorkflowHandle, enqueue_after, get_workflow, workflow
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 _LAZY = {
     name: module
     for module, names in {
+        "about": ("jobs_for",),
         "batches": ("Batch", "BatchClosed", "BatchHandle", "batch", "get_batch"),
         "chains": ("Chain", "chain"),
         "context": ("JobContext",),
@@ -74,6 +76,7 @@ __all__ = [
     "get_progress",
     "get_workflow",
     "job",
+    "jobs_for",
     "pause_queue",
     "paused_queues",
     "periodic",

@@ -4,7 +4,8 @@ PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column (in 
 a stream of batches), one job through ``dbqueue_enqueue`` (migration 0011); elsewhere one multi-row
 ``INSERT ... VALUES``, ``executemany`` for rows not read back (docs/performance.md). A job whose
 unique key a row holds comes back ``Held``: the unique index decides (``ON CONFLICT DO NOTHING``
-on PostgreSQL, elsewhere a savepoint).
+on PostgreSQL, elsewhere a savepoint). The objects among a job's arguments are recorded with it
+(``refer``, one more INSERT in its transaction, only for jobs that hold a model instance: about.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .db import alias, cached_sql, kept_cursor
-from .models import ANALYZE_AFTER, UNIQUE_INDEX, Job, check_rows
+from .models import ANALYZE_AFTER, UNIQUE_INDEX, Job, JobReference, check_rows
+from .payload import MODEL_TEXT, references
 from .rows import COLUMNS, FIELDS, NO_FLOW, OWN, PK, START, TIMES, Flow, NewJob, row_values, saved_job
 
 logger = logging.getLogger("django_dbqueue")
@@ -45,6 +47,10 @@ class Row(NamedTuple):
 
     def job(self) -> Job:
         return saved_job(self.using, self.new, self.pk, self.available_at, self.created_at)
+
+    @property
+    def payload(self) -> str:
+        return self.new.payload
 
 
 def _column(connection: BaseDatabaseWrapper, name: str) -> str:
@@ -97,10 +103,16 @@ def insert_row(new: NewJob, using: str) -> Row | None:
     if connection.vendor != "postgresql":
         return None
     cursor = kept_cursor(connection)
+    params: tuple[Any, ...]
     if new.flow is None and new.batch_id is None:
-        cursor.execute(_ENQUEUE_PLAIN, new[:_WITH_DELAY])
+        sql, params = _ENQUEUE_PLAIN, new[:_WITH_DELAY]
     else:
-        cursor.execute(_ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or NO_FLOW), new.batch_id))
+        sql, params = _ENQUEUE_FLOW, (*new[:_WITH_DELAY], *(new.flow or NO_FLOW), new.batch_id)
+    refs = references(new.payload) if MODEL_TEXT in new.payload else None
+    if refs:
+        # The objects among its arguments, inserted by the same statement: in its transaction.
+        sql, params = _WITH_REFERENCES.format(job=sql), (*params, refs)
+    cursor.execute(sql, params)
     return Row(using, new, *cursor.fetchone())
 
 
@@ -108,6 +120,12 @@ def insert_row(new: NewJob, using: str) -> Row | None:
 _WITH_DELAY = NewJob._fields.index("delay") + 1
 _ENQUEUE_PLAIN = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * _WITH_DELAY)})"
 _ENQUEUE_FLOW = f"SELECT * FROM dbqueue_enqueue({', '.join(['%s'] * (_WITH_DELAY + len(Flow._fields) + 1))})"
+_REFERENCES = f"{JobReference._meta.db_table} (job_id, ref)"
+# One job and its references (``refer``), in one statement: the job's function, then the INSERT of its id.
+_WITH_REFERENCES = (
+    f"WITH job AS ({{job}}), r AS (INSERT INTO {_REFERENCES} SELECT new_id, unnest(%s::text[]) FROM job) "
+    "SELECT * FROM job"
+)
 
 
 class Stream:
@@ -150,13 +168,18 @@ class Stream:
         with cursor:
             returned = cursor.fetchall()
         # RETURNING follows the arrays' order (as Django's own unnest bulk_create relies on).
-        return [Row(self.using, new, *row) for new, row in zip(batch, returned, strict=True)]
+        rows = [Row(self.using, new, *row) for new, row in zip(batch, returned, strict=True)]
+        refer(self.using, rows)
+        return rows
 
 
 def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> int:
     """Insert ``new_jobs`` (none with a unique key) on SQLite or MariaDB/MySQL and return how many:
     ``executemany``, which SQLite prepares once and mysqlclient sends as one multi-row INSERT.
     (PostgreSQL sends such rows through ``Stream``: COPY lost to it, docs/performance.md.)"""
+    if any(MODEL_TEXT in new.payload for new in new_jobs):
+        # Their references need their ids, which this INSERT does not read back.
+        return len(_insert_values(connection, connection.alias, new_jobs, len(new_jobs)))
     with connection.cursor() as cursor:
         now, created = _clock(cursor, connection)
         adapt = connection.ops.adapt_datetimefield_value
@@ -201,6 +224,7 @@ def _insert_values(
                 # One row: its id is the connection's last one (plain MySQL); many: unknown there.
                 ids = [cursor.lastrowid] if len(batch) == 1 else [None] * len(batch)
             jobs += [saved_job(using, new, pk, at, now) for new, pk, at in zip(batch, ids, times, strict=True)]
+        refer(using, jobs)
     return jobs
 
 
@@ -236,8 +260,8 @@ def _insert_unique(
     todo = _Unique(connection, using, new_jobs, batch_size)
     if connection.vendor != "postgresql":
         todo.savepoints()
-    elif len(new_jobs) == 1:
-        todo.on_conflict()  # one statement, atomic by itself
+    elif len(new_jobs) == 1 and MODEL_TEXT not in new_jobs[0].payload:
+        todo.on_conflict()  # one statement, atomic by itself (no references to record with it)
     else:
         with transaction.atomic(using=using, savepoint=False):
             todo.on_conflict()
@@ -307,6 +331,7 @@ class _Unique:
                     row = keyed.get(new.unique_key) if new.unique_key else next(plain)
                     if row is not None:
                         self.results[index] = saved_job(self.using, new, *row[:3])
+                refer(self.using, [job for job in map(self.results.__getitem__, batch) if isinstance(job, Job)])
         self.pending = [index for index in self.pending if self.results[index] is None]
 
     def savepoints(self) -> None:
@@ -406,7 +431,9 @@ def bulk_enqueue(rows: Sequence[Job], using: str | None = None, *, batch_size: i
     check_rows(rows)
     if any(row.unique_key for row in rows):
         return [row for row in insert_each(rows, using) if row is not None]
-    inserted = Job.objects.using(using).bulk_create(rows, batch_size=batch_size)
+    with transaction.atomic(using=using, savepoint=False):  # (bulk_create opens one anyway)
+        inserted = Job.objects.using(using).bulk_create(rows, batch_size=batch_size)
+        refer(using, inserted)
     analyze_if_large(using, len(inserted))
     return inserted
 
@@ -431,7 +458,24 @@ def insert_each(rows: Sequence[Job], using: str | None = None) -> list[Job | Non
                 inserted.append(None)
                 continue
             inserted.append(row)
+        refer(using, [row for row in inserted if row is not None])
     return inserted
+
+
+def refer(using: str, jobs: Sequence[Job | Row]) -> None:
+    """Record the objects among the arguments of ``jobs``, just inserted, in one INSERT (in their
+    transaction); none for jobs without a model instance, which cost one ``in`` each. A job
+    without an id (plain MySQL's bulk insert returns none) is not recorded (about.py)."""
+    pairs = [(job.pk, ref) for job in jobs if MODEL_TEXT in job.payload and job.pk for ref in references(job.payload)]
+    if not pairs:
+        return
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            ids, refs = [pk for pk, _ in pairs], [ref for _, ref in pairs]
+            cursor.execute(f"INSERT INTO {_REFERENCES} SELECT * FROM unnest(%s::bigint[], %s::text[])", [ids, refs])
+        else:  # one statement of many rows on MariaDB/MySQL, one prepared on SQLite
+            cursor.executemany(f"INSERT INTO {_REFERENCES} VALUES (%s, %s)", pairs)
 
 
 # -- the unnest INSERT (PostgreSQL) ---------------------------------------------

@@ -337,3 +337,66 @@ def pretty(payload: str) -> str:
         return json.dumps(json.loads(payload), indent=2, ensure_ascii=False, sort_keys=True)
     except ValueError:
         return payload
+
+
+# -- the objects a job is about (``about``, ``JobReference``) ---------------------------------
+
+# In an envelope's text wherever it holds a model instance: the one test a job without one pays.
+MODEL_TEXT = f'"{TAG}":"model"'
+# Objects recorded per job at most (the first met), and the longest reference a row holds.
+MAX_REFERENCES = 100
+REFERENCE_LENGTH = 255
+
+
+def reference(model: type[models.Model], pk: Any) -> str:
+    """The text that names one object among jobs' arguments, ``demo.order:42``: the label of its
+    concrete model (a proxy's instance names its concrete model's row) and its primary key."""
+    concrete = model._meta.concrete_model or model
+    return f"{concrete._meta.label_lower}:{pk}"
+
+
+def references(text: str) -> list[str]:
+    """The objects (``reference``) that the arguments of the envelope ``text`` hold, each once, at
+    most ``MAX_REFERENCES``; [] for one without a model instance (found without reading it), or unreadable."""
+    if MODEL_TEXT not in text:
+        return []
+    found: dict[str, None] = {}
+    try:
+        envelope = raw(text)
+        _find_models([envelope.get("args"), envelope.get("kwargs")], found)
+    except (ValueError, PayloadError, RecursionError):  # a row written by hand: nothing to record
+        return []
+    return [ref for ref in found if len(ref) <= REFERENCE_LENGTH][:MAX_REFERENCES]
+
+
+def _find_models(value: Any, found: dict[str, None]) -> None:
+    """Add the references among ``value``, JSON data with its tags (the next steps' arguments are not read)."""
+    if isinstance(value, list):
+        for item in value:
+            _find_models(item, found)
+    elif isinstance(value, dict):
+        tag = value.get(TAG)
+        if tag is None:
+            for item in value.values():
+                _find_models(item, found)
+        elif tag in ("tuple", "dict"):
+            _find_models(value.get("v"), found)
+        elif tag == "model":
+            ref = _reference_of(value.get("v"))
+            if ref is not None:
+                found[ref] = None
+
+
+def _reference_of(stored: Any) -> str | None:
+    """The reference of a stored ``[label, pk]``, None if it is malformed (a model not installed: as stored)."""
+    if not (isinstance(stored, list) and len(stored) == 2 and isinstance(stored[0], str)):
+        return None
+    label, pk = stored
+    try:
+        pk = _decode_tagged(pk) if isinstance(pk, dict) else pk
+        model = apps.get_model(label)
+    except PayloadError:
+        return None
+    except (LookupError, ValueError):
+        return f"{label}:{pk}"
+    return reference(model, pk)

@@ -20,7 +20,7 @@ from datetime import timedelta
 from django.db import DatabaseError
 from django.db.models import Q
 
-from . import concurrency, conf, finished, handles, history, lifecycle, progress, steps
+from . import about, concurrency, conf, finished, handles, history, lifecycle, progress, steps
 from .db import DbNow, error_text
 from .lifecycle import reclaim_worker
 from .models import FlowLimit, Job, QueueWorker
@@ -195,8 +195,9 @@ def forget_reclaim() -> None:
 
 
 # Hours after which rows pruned without a setting go (a flow-limit row unused for a day holds
-# no slot, and its rate bucket is full again long before).
-FIXED_PRUNE_HOURS = {"worker rows": PRUNE_AFTER / 3600, "flow limit rows": 24.0}
+# no slot, and its rate bucket is full again long before; a job reference has no age, it goes
+# once its job is in no table).
+FIXED_PRUNE_HOURS = {"worker rows": PRUNE_AFTER / 3600, "flow limit rows": 24.0, "job references": 0.0}
 
 
 def prune_old_rows() -> None:
@@ -212,6 +213,7 @@ def prune_old_rows() -> None:
         ("HISTORY_MAX_AGE", "history rows", history.prune),
         ("KEEP_FINISHED", "finished jobs", finished.prune),
         (None, "flow limit rows", _prune_flow_limits),
+        (None, "job references", lambda hours: about.prune()),
     ):
         max_age = conf.get(setting) if setting is not None else FIXED_PRUNE_HOURS[what]
         if max_age is None:

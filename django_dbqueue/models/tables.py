@@ -1,5 +1,6 @@
 """The queue's other tables: progress, workers, result records, schedules (where each stands,
-and those stored at runtime), flow limits, unique windows, paused queues, batches and history."""
+and those stored at runtime), flow limits, unique windows, paused queues, batches, history and
+the objects jobs are about."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.db import connections, models, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Substr
 
+from ..payload import REFERENCE_LENGTH
 from ..states import BatchState
 from .jobs import DB_NOW, Job, QueueDatabaseManager
 
@@ -440,6 +442,24 @@ class JobHistory(QueueTable):
 
     def __str__(self) -> str:
         return f"{self.bucket:%Y-%m-%d %H:%M} {self.queue} {self.name}"
+
+
+class JobReference(QueueTable):
+    """One object that a job's arguments hold (``about``): written with the job's row, in its
+    transaction (``insert``); found by ``ref``; pruned once the job is in no table."""
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.BigIntegerField(help_text="The job, queued, failed or finished.")
+    ref = models.CharField(max_length=REFERENCE_LENGTH, help_text="Its model's label and pk: demo.order:42.")
+
+    class Meta:
+        db_table = "dbqueue_job_reference"
+        # The lookup: one object's jobs, newest first. The unique key serves a job's references too.
+        indexes = [models.Index(fields=["ref", "job_id"], name="dbqueue_reference_ref")]
+        constraints = [models.UniqueConstraint(fields=["job_id", "ref"], name="dbqueue_reference_job")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.ref}"
 
 
 # h0..h12: the runs by run time, in the buckets of ``history.BOUNDS`` (added as the migrations made them).
