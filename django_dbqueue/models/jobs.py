@@ -300,6 +300,8 @@ class FailedJob(models.Model):
         indexes = [
             models.Index(fields=["failed_at"], name="dbqueue_failed_at"),
             models.Index(fields=["batch_id"], name="dbqueue_failed_batch"),
+            # A job's failed row by the id it had (handles, the history, jobs_for, a retry).
+            models.Index(fields=["job_id"], name="dbqueue_failed_job_id"),
         ]
 
     def __str__(self) -> str:
