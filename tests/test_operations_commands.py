@@ -147,7 +147,9 @@ def test_failed_lists_the_failed_jobs_newest_first():
     lines = run("queue_failed").splitlines()
     assert lines[0].split() == ["id", "queue", "name", "failed", "at", "exception", "class"]
     assert [line.split()[0] for line in lines[1:]] == [str(new.pk), str(old.pk)]
-    assert lines[1].split()[1:3] == ["emails", "tests.testapp.jobs.always_fail"]
+    queue, name = lines[1].split()[1:3]
+    # The name is shortened from the left when the ids (which grow over a test run) widen the table.
+    assert queue == "emails" and name.endswith("testapp.jobs.always_fail")
     assert lines[1].endswith("  KeyError")  # builtins. is left out
     assert lines[2].endswith("  ValueError")
     assert timezone.localtime(new.failed_at).strftime("%Y-%m-%d %H:%M") in lines[1]
