@@ -228,7 +228,7 @@ def explain_claim() -> str:
     SKIP LOCKED) RETURNING), with the claim's own SQL and parameters, rolled back."""
     from django.db import connection, transaction
 
-    from django_dbqueue.claims import claim_params, claim_sql
+    from django_dbqueue.claims.plain import claim_params, claim_sql
 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
