@@ -68,6 +68,9 @@ class Config:
     profile_jobs: int = 3000  # BENCH_PROFILE_JOBS
     batch: int = 50  # BENCH_BATCH: extra queue_work --batch N drains of django-dbqueue (0: none; the default is 10)
     alternating_rounds: int = 5  # BENCH_ALTERNATING_ROUNDS: enqueue rounds alternating with pgqueuer (0: none)
+    bulk_calls: tuple[int, ...] = (10, 100, 1000, 50_000)  # BENCH_BULK_CALLS: enqueue_many call sizes, alternating
+    bulk_calls_jobs: int = 20_000  # BENCH_BULK_CALLS_JOBS: jobs per round of those (at least one call)
+    drain_rounds: int = 3  # BENCH_DRAIN_ROUNDS: drain rounds alternating with pgqueuer (0: none)
     instructions: int = 1  # BENCH_INSTRUCTIONS: count a single enqueue's instructions with callgrind (0: no)
 
     @classmethod
@@ -100,6 +103,9 @@ class Config:
             profile_jobs=env_int("BENCH_PROFILE_JOBS", base.profile_jobs),
             batch=env_int("BENCH_BATCH", base.batch),
             alternating_rounds=env_int("BENCH_ALTERNATING_ROUNDS", base.alternating_rounds),
+            bulk_calls=tup("BENCH_BULK_CALLS", base.bulk_calls, int),
+            bulk_calls_jobs=env_int("BENCH_BULK_CALLS_JOBS", base.bulk_calls_jobs),
+            drain_rounds=env_int("BENCH_DRAIN_ROUNDS", base.drain_rounds),
             instructions=env_int("BENCH_INSTRUCTIONS", base.instructions),
         )
 
@@ -109,6 +115,9 @@ class Config:
             enqueue_one=200,
             enqueue_bulk=5000,
             alternating_rounds=1,
+            bulk_calls=(10, 1000),
+            bulk_calls_jobs=2000,
+            drain_rounds=1,
             instructions=0,
             enqueue_stream=20_000,
             drain_seconds=1.5,
@@ -661,7 +670,11 @@ class Bench:
 
         pair = [system for system in systems if system.key in ("dbqueue", "pgqueuer")]
         if len(pair) == 2 and c.alternating_rounds > 0:
-            print(f"\n== enqueue, django-dbqueue and pgqueuer alternating ({c.alternating_rounds} rounds)", flush=True)
+            print(
+                f"\n== django-dbqueue and pgqueuer alternating: enqueue ({c.alternating_rounds} rounds), "
+                f"drains ({c.drain_rounds} rounds)",
+                flush=True,
+            )
             self.alternating(pair)
         if len(pair) == 2 and c.instructions:
             print("\n== single enqueue, instructions per call (callgrind), django-dbqueue and pgqueuer", flush=True)
@@ -685,28 +698,47 @@ class Bench:
                 self.record(system, "enqueue_one_instructions", figures[system.key])
 
     def alternating(self, pair: list[System]) -> None:
-        """Single and bulk enqueue of the pair, one after the other, round after round.
+        """Enqueue (single, bulk, bulk in calls of each size, handles on) and drains of the pair,
+        one after the other, round after round, the first system changing each round.
 
-        The enqueue rows above run minutes apart, one system after the other, and
-        this VM's speed drifts by 10 % and more within minutes (docs/performance.md):
-        the pair's ratios for the goals come from these rounds, run side by side,
-        as the median of each system's rounds.
+        The rows above run minutes apart, one system after the other, and this VM's
+        speed drifts by 10 % and more within minutes (docs/performance.md): the pair's
+        ratios for the goals come from these rounds, run side by side, as the median
+        of each system's rounds.
         """
         c = self.config
-        for scenario, command, count in (
-            ("enqueue_one", "enqueue-one", c.enqueue_one),
-            ("enqueue_bulk", "enqueue-bulk", c.enqueue_bulk),
-        ):
+        scenarios: list[tuple[str, int, Callable[[System], dict[str, Any]]]] = [
+            ("enqueue_one", c.alternating_rounds, lambda s: driver(s, "enqueue-one", "--count", str(c.enqueue_one))),
+            ("enqueue_bulk", c.alternating_rounds, lambda s: driver(s, "enqueue-bulk", "--count", str(c.enqueue_bulk))),
+        ]
+        for size in c.bulk_calls:
+            jobs = str(max(size, c.bulk_calls_jobs))
+            scenarios.append(
+                (
+                    f"enqueue_bulk_calls_{size}",
+                    c.alternating_rounds,
+                    lambda s, jobs=jobs, size=size: driver(s, "enqueue-bulk", "--count", jobs, "--calls-of", str(size)),
+                )
+            )
+        for n in c.workers if c.drain_rounds else ():
+            scenarios.append(
+                (
+                    f"drain_{n}",
+                    c.drain_rounds,
+                    lambda s, n=n: self.drain_once(s, n, self.drain_size(s, n), label=f"alternating-{n}"),
+                )
+            )
+        for scenario, rounds, run in scenarios:
             runs: dict[str, list[float]] = {system.key: [] for system in pair}
-            for _ in range(c.alternating_rounds):
-                for system in pair:
+            for round_ in range(rounds):
+                for system in pair if round_ % 2 == 0 else pair[::-1]:
                     try:
-                        value = driver(system, command, "--count", str(count))
+                        value = run(system)
                     except Failed as exc:
                         self.note(f"{system.label}, {scenario} (alternating): {exc}")
                         continue
                     runs[system.key].append(float(value["jobs_per_s"]))
-                    print(f"- {system.label}: {scenario} ... {summary(value)}", flush=True)
+                    print(f"- {system.label}: {scenario} (alternating) ... {summary(value)}", flush=True)
             for system in pair:
                 if runs[system.key]:
                     self.record(
@@ -945,6 +977,14 @@ def table_rows(results: dict[str, dict[str, Any]], config: Config) -> list[dict[
     rounds = config.alternating_rounds
     add(f"enqueue one at a time, {rounds} rounds alternating", "jobs/s", True, "enqueue_one_alternating", "jobs_per_s")
     add(f"enqueue bulk, {rounds} rounds alternating", "jobs/s", True, "enqueue_bulk_alternating", "jobs_per_s")
+    for size in config.bulk_calls:
+        add(
+            f"enqueue_many in calls of {size:,} (handles), {rounds} rounds alternating",
+            "jobs/s",
+            True,
+            f"enqueue_bulk_calls_{size}_alternating",
+            "jobs_per_s",
+        )
     add("enqueue one at a time: CPU instructions per call", "instr.", False, "enqueue_one_instructions", "total")
     add("  of which the database server's", "instr.", False, "enqueue_one_instructions", "server")
     add("  of which the enqueueing process's", "instr.", False, "enqueue_one_instructions", "client")
@@ -953,6 +993,14 @@ def table_rows(results: dict[str, dict[str, Any]], config: Config) -> list[dict[
     add("  its peak memory growth", "MB", False, "enqueue_stream", "rss_growth_mb")
     for n in (1, 2, 4):
         add(f"drain, {n} worker process{'es' if n > 1 else ''}", "jobs/s", True, f"drain_{n}", "jobs_per_s")
+    for n in config.workers:
+        add(
+            f"drain, {n} worker process{'es' if n > 1 else ''}, {config.drain_rounds} rounds alternating",
+            "jobs/s",
+            True,
+            f"drain_{n}_alternating",
+            "jobs_per_s",
+        )
     for n in (1, 2, 4):
         add(
             f"drain, queue_work --concurrency {n}",
@@ -1150,6 +1198,16 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "met": None if measured is None else measured >= target,
         }
 
+    def pair_goal(text: str, scenario: str, target: float) -> dict[str, Any]:
+        ours, theirs = value("dbqueue", scenario, "jobs_per_s"), value("pgqueuer", scenario, "jobs_per_s")
+        measured = ours / theirs if ours and theirs else None
+        return {
+            "goal": text,
+            "target": f">= {target}x",
+            "measured": measured,
+            "met": None if measured is None else measured >= target,
+        }
+
     out = [
         ratio_goal("drain, 4 workers, vs procrastinate", "drain_4", "procrastinate", 5),
         ratio_goal("drain, 4 workers, vs django-tasks-db (persistent connections)", "drain_4", "tasksdb", 5),
@@ -1160,6 +1218,30 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ratio_goal("bulk enqueue vs pgqueuer (issue 18)", alternating("enqueue_bulk"), "pgqueuer", 1.5),
         ratio_goal("single enqueue vs pgqueuer (issue 18)", alternating("enqueue_one"), "pgqueuer", 1.0),
     ]
+    # Issue 32's, from the alternating rounds only (both sides measured side by side).
+    for key in sorted(k for k in results.get("dbqueue", {}) if k.startswith("enqueue_bulk_calls_")):
+        size = int(key.split("_")[3])
+        out.append(pair_goal(f"enqueue_many in calls of {size:,}, handles on, vs pgqueuer (issue 32)", key, 1.5))
+    for n in (1, 4):
+        out.append(
+            pair_goal(
+                f"drain, {n} worker process{'es' if n > 1 else ''}, vs pgqueuer (issue 32)",
+                f"drain_{n}_alternating",
+                1.2,
+            )
+        )
+    two, four = (
+        value("dbqueue", "drain_2_alternating", "jobs_per_s"),
+        value("dbqueue", "drain_4_alternating", "jobs_per_s"),
+    )
+    out.append(
+        {
+            "goal": "drain, 4 worker processes never slower than 2 (issue 32)",
+            "target": ">= 1.0x",
+            "measured": four / two if four and two else None,
+            "met": None if not (four and two) else four >= two,
+        }
+    )
     ours, theirs = (
         value("dbqueue", "enqueue_one_instructions", "total"),
         value("pgqueuer", "enqueue_one_instructions", "total"),

@@ -28,6 +28,7 @@ from .insert import (
     Stream,
     analyze_if_large,
     first_holds,
+    insert_batch,
     insert_many,
     insert_one,
     insert_row,
@@ -117,7 +118,7 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
     if isinstance(calls, Sequence):
         # Checked whole before anything is sent, and stored as one enqueue (run again after a deadlock).
         ready = prepare_all(calls, 0)
-        if not counting or any(window or new.unique_key for new, window in ready):
+        if any(window or new.unique_key for new, window in ready):
             outcomes = store_all(ready, batch_size=batch_size)
             return handles_of(outcomes) if handles else _announce(outcomes)
     chunks: Iterator[Sequence[Any]] = itertools.batched(calls if ready is None else ready, batch_size)
@@ -159,6 +160,9 @@ def enqueue_many(calls: Iterable[JobCall], *, batch_size: int = 1000, handles: b
             elif stream is not None and stream.usable and plain:
                 # Read back once the next is sent: the server inserts this batch while the next is prepared.
                 deliver_rows(stream.send([new for new, _ in prepared]))
+            elif stream is None and plain and connection.vendor == "postgresql" and not immediate():
+                # The one batch outside a transaction: one statement, a transaction of its own.
+                deliver_rows(insert_batch(connection, using, [new for new, _ in prepared]))
             else:
                 if stream is not None:
                     deliver_rows(stream.flush())

@@ -1,8 +1,9 @@
 """Every INSERT of job rows (``rows.NewJob``; times from the database's clock, columns from ``Job._meta``).
 
-PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column (in pipeline mode for
-a stream of batches), one job through ``dbqueue_enqueue`` (migration 0011); elsewhere one multi-row
-``INSERT ... VALUES``, ``executemany`` for rows not read back (docs/performance.md). A job whose
+PostgreSQL: ``INSERT ... SELECT ... FROM unnest()`` of one array per column (``unnest``): one
+statement in autocommit for one batch, pipeline mode for a stream of batches; one job through
+``dbqueue_enqueue`` (migration 0011). Elsewhere one multi-row ``INSERT ... VALUES``,
+``executemany`` for rows not read back (docs/performance.md). A job whose
 unique key a row holds comes back ``Held``: the unique index decides (``ON CONFLICT DO NOTHING``
 on PostgreSQL, elsewhere a savepoint). The objects among a job's arguments are recorded with it
 (``refer``, one more INSERT in its transaction, only for jobs that hold a model instance: about.py).
@@ -10,10 +11,9 @@ on PostgreSQL, elsewhere a savepoint). The objects among a job's arguments are r
 
 from __future__ import annotations
 
-import functools
 import logging
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -24,7 +24,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .db import alias, cached_sql, kept_cursor
 from .models import ANALYZE_AFTER, UNIQUE_INDEX, Job, JobReference, check_rows
 from .payload import MODEL_TEXT, references
-from .rows import COLUMNS, FIELDS, NO_FLOW, OWN, PK, START, TIMES, Flow, NewJob, row_values, saved_job
+from .rows import COLUMNS, FIELDS, NO_FLOW, PK, Flow, NewJob, row_values, saved_job
+from .unnest import LOCK, SKIP, column, unnest_insert
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -53,16 +54,18 @@ class Row(NamedTuple):
         return self.new.payload
 
 
-def _column(connection: BaseDatabaseWrapper, name: str) -> str:
-    return str(connection.ops.quote_name(str(FIELDS[name].column)))
-
-
 def analyze_if_large(using: str, count: int) -> None:
-    """On PostgreSQL, ANALYZE the job table after inserting many rows (else the claim may sort the queue)."""
+    """On PostgreSQL, ANALYZE the job table after inserting many rows into a table its statistics
+    call smaller than them (else the claim may sort the queue); a table the statistics already
+    call as large keeps them (ANALYZE samples 30,000 rows: tens of ms a call, docs/performance.md)."""
     connection = connections[using]
     if count >= ANALYZE_AFTER and connection.vendor == "postgresql":
+        table = connection.ops.quote_name(Job._meta.db_table)
         with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
+            cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [table])
+            (counted,) = cursor.fetchone()
+            if counted < count:  # -1: never analyzed
+                cursor.execute(f"ANALYZE {table}")
 
 
 def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: bool = True) -> list[Job | Held]:
@@ -77,17 +80,41 @@ def insert_many(new_jobs: Sequence[NewJob], *, batch_size: int = 1000, analyze: 
     if any(new.unique_key for new in new_jobs):
         return _insert_unique(connection, using, new_jobs, batch_size, analyze)
     jobs: list[Job | Held] = []
-    with transaction.atomic(using=using, savepoint=False):
-        if connection.vendor == "postgresql":
-            with Stream(connection, using) as stream:
-                for start in range(0, len(new_jobs), batch_size):
-                    jobs += [row.job() for row in stream.send(new_jobs[start : start + batch_size])]
-                jobs += [row.job() for row in stream.flush()]
-        else:
-            jobs += _insert_values(connection, using, new_jobs, batch_size)
+    if connection.vendor == "postgresql" and len(new_jobs) <= batch_size:
+        jobs += [row.job() for row in insert_batch(connection, using, new_jobs)]
+    else:
+        with transaction.atomic(using=using, savepoint=False):
+            if connection.vendor == "postgresql":
+                with Stream(connection, using) as stream:
+                    for start in range(0, len(new_jobs), batch_size):
+                        jobs += [row.job() for row in stream.send(new_jobs[start : start + batch_size])]
+                    jobs += [row.job() for row in stream.flush()]
+            else:
+                jobs += _insert_values(connection, using, new_jobs, batch_size)
     if analyze:
         analyze_if_large(using, len(jobs))
     return jobs
+
+
+def insert_batch(connection: BaseDatabaseWrapper, using: str, batch: Sequence[NewJob]) -> list[Row]:
+    """One INSERT of ``batch`` (PostgreSQL, no unique keys), its rows returned: a transaction of its
+    own, no BEGIN, COMMIT or pipeline sync to wait for, unless its references add a statement."""
+    with transaction.atomic(using=using, savepoint=False) if _refers(batch) else nullcontext():
+        with connection.cursor() as cursor:
+            cursor.execute(*unnest_insert(connection, batch))
+            rows = _rows(using, batch, cursor.fetchall())
+        refer(using, rows)
+    return rows
+
+
+def _refers(new_jobs: Sequence[NewJob]) -> bool:
+    """Whether a job among ``new_jobs`` holds a model instance, whose references ``refer`` inserts."""
+    return any(MODEL_TEXT in new.payload for new in new_jobs)
+
+
+def _rows(using: str, batch: Sequence[NewJob], returned: Sequence[tuple[Any, ...]]) -> list[Row]:
+    # RETURNING follows the arrays' order (as Django's own unnest bulk_create relies on).
+    return [Row(using, new, *row) for new, row in zip(batch, returned, strict=True)]
 
 
 def insert_one(new: NewJob) -> Job | Held:
@@ -150,7 +177,7 @@ class Stream:
             self._pipeline = _pipeline(self.connection)
             self._pipeline.__enter__()
         cursor = self.connection.cursor()
-        cursor.execute(*_unnest(self.connection, batch))
+        cursor.execute(*unnest_insert(self.connection, batch))
         done = self._read()
         self._sent = (batch, cursor)
         return done
@@ -166,9 +193,7 @@ class Stream:
         batch, cursor = self._sent
         self._sent = None
         with cursor:
-            returned = cursor.fetchall()
-        # RETURNING follows the arrays' order (as Django's own unnest bulk_create relies on).
-        rows = [Row(self.using, new, *row) for new, row in zip(batch, returned, strict=True)]
+            rows = _rows(self.using, batch, cursor.fetchall())
         refer(self.using, rows)
         return rows
 
@@ -177,7 +202,7 @@ def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> 
     """Insert ``new_jobs`` (none with a unique key) on SQLite or MariaDB/MySQL and return how many:
     ``executemany``, which SQLite prepares once and mysqlclient sends as one multi-row INSERT.
     (PostgreSQL sends such rows through ``Stream``: COPY lost to it, docs/performance.md.)"""
-    if any(MODEL_TEXT in new.payload for new in new_jobs):
+    if _refers(new_jobs):
         # Their references need their ids, which this INSERT does not read back.
         return len(_insert_values(connection, connection.alias, new_jobs, len(new_jobs)))
     with connection.cursor() as cursor:
@@ -193,7 +218,7 @@ def insert_rows(connection: BaseDatabaseWrapper, new_jobs: Sequence[NewJob]) -> 
 
 @cached_sql
 def _table(connection: BaseDatabaseWrapper) -> str:
-    columns = ", ".join(_column(connection, name) for name in COLUMNS)
+    columns = ", ".join(column(connection, name) for name in COLUMNS)
     return f"{connection.ops.quote_name(Job._meta.db_table)} ({columns})"
 
 
@@ -217,7 +242,7 @@ def _insert_values(
                 params += row_values(new, created if at is now else adapt(at), created)
             sql = head + ", ".join([_ROW_MARKS] * len(batch))
             if ids_back:
-                cursor.execute(f"{sql} RETURNING {_column(connection, PK)}", params)
+                cursor.execute(f"{sql} RETURNING {column(connection, PK)}", params)
                 ids: list[int | None] = [row[0] for row in cursor.fetchall()]
             else:
                 cursor.execute(sql, params)
@@ -298,13 +323,13 @@ class _Unique:
 
     def on_conflict(self) -> None:
         """PostgreSQL: ``ON CONFLICT DO NOTHING``, then the holders of the keys left out are read."""
-        self._round(_SKIP)
+        self._round(SKIP)
         self.mark_held()
         if not self.pending:
             return
         # A holder ended between the conflict and its read: insert again, locking the holder this time.
         with transaction.atomic(using=self.using, savepoint=False):
-            self._round(_LOCK)
+            self._round(LOCK)
             self.mark_held()
         if self.pending:
             raise RuntimeError(
@@ -318,7 +343,7 @@ class _Unique:
             sent = []
             for batch in batches:
                 cursor = self.connection.cursor()
-                cursor.execute(*_unnest(self.connection, [self.new_jobs[index] for index in batch], conflict))
+                cursor.execute(*unnest_insert(self.connection, [self.new_jobs[index] for index in batch], conflict))
                 sent.append((batch, cursor))
             for batch, cursor in sent:
                 with cursor:
@@ -420,8 +445,8 @@ def holds_unique_key(exc: IntegrityError, connection: BaseDatabaseWrapper) -> bo
             and str(args[1]).rstrip().endswith((f"'{UNIQUE_INDEX}'", f".{UNIQUE_INDEX}'"))
         )
     if connection.vendor == "sqlite":
-        column = FIELDS["unique_key"].column
-        return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{column}"
+        key_column = FIELDS["unique_key"].column
+        return str(exc) == f"UNIQUE constraint failed: {Job._meta.db_table}.{key_column}"
     return False
 
 
@@ -476,89 +501,6 @@ def refer(using: str, jobs: Sequence[Job | Row]) -> None:
             cursor.execute(f"INSERT INTO {_REFERENCES} SELECT * FROM unnest(%s::bigint[], %s::text[])", [ids, refs])
         else:  # one statement of many rows on MariaDB/MySQL, one prepared on SQLite
             cursor.executemany(f"INSERT INTO {_REFERENCES} VALUES (%s, %s)", pairs)
-
-
-# -- the unnest INSERT (PostgreSQL) ---------------------------------------------
-
-# The unnest INSERT's ON CONFLICT: none (no key); DO NOTHING; or DO UPDATE ... WHERE false, which
-# only locks the holder, so that the read that follows finds it.
-_PLAIN, _SKIP, _LOCK = "", "skip", "lock"
-
-
-# Each column travels as one array literal: joining strings costs less than psycopg's adaptation.
-def _text_array(values: Sequence[str]) -> str:
-    """``{"a","b"}``: each element double-quoted, with its backslashes and double quotes escaped."""
-    return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
-
-
-def _nullable_text_array(values: Sequence[str | None]) -> str:
-    return "{" + ",".join(["NULL" if v is None else _text_array([v])[1:-1] for v in values]) + "}"
-
-
-def _int_array(values: Sequence[int | None]) -> str:
-    return "{" + ",".join(["NULL" if v is None else str(int(v)) for v in values]) + "}"
-
-
-def _encoder(name: str) -> tuple[str, Callable[[Sequence[Any]], str]]:
-    """The array type of a column sent (text, not varchar(n), whose cast would cut a long value) and its encoder."""
-    if name == "delay":
-        return "float8", lambda values: "{" + ",".join([repr(float(v)) for v in values]) + "}"
-    field = FIELDS[name]
-    kind = field.get_internal_type()
-    if kind in ("CharField", "TextField"):
-        return "text", _nullable_text_array if field.null else _text_array
-    if kind == "BooleanField":
-        return "boolean", lambda values: "{" + ",".join(["t" if v else "f" for v in values]) + "}"
-    return "", _int_array  # the field's own type, read per database when the statement is built
-
-
-_ARRAYS = {name: _encoder(name) for name in (*NewJob._fields[: len(OWN) + 1], "batch_id", *Flow._fields)}
-
-
-def _unnest(connection: BaseDatabaseWrapper, batch: Sequence[NewJob], conflict: str = _PLAIN) -> tuple[str, list[str]]:
-    """The unnest INSERT of ``batch`` and its parameters: the batch and flow columns only if a job uses
-    them (the flow always with ``conflict``, whose RETURNING gives each row's key)."""
-    columns = dict(zip(NewJob._fields, zip(*batch, strict=True), strict=True))
-    sent = list(NewJob._fields[: len(OWN) + 1])  # the row's own values and the delay
-    if any(columns["batch_id"]):
-        sent.append("batch_id")
-    if conflict or any(columns["flow"]):
-        columns.update(zip(Flow._fields, zip(*[new.flow or NO_FLOW for new in batch], strict=True), strict=True))
-        sent += Flow._fields
-    params = [_ARRAYS[name][1](columns[name]) for name in sent]
-    return _unnest_sql(tuple(sent), conflict)(connection), params
-
-
-@functools.cache
-def _unnest_sql(sent: tuple[str, ...], conflict: str) -> Callable[[BaseDatabaseWrapper], str]:
-    return cached_sql(functools.partial(_build_unnest, sent=sent, conflict=conflict))
-
-
-def _build_unnest(connection: BaseDatabaseWrapper, sent: tuple[str, ...], conflict: str) -> str:
-    def literal(value: Any) -> str:
-        if value is None or isinstance(value, bool):
-            return {None: "NULL", True: "true", False: "false"}[value]
-        return str(value) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
-
-    stored = [name for name in sent if name != "delay"]
-    names = ", ".join(_column(connection, name) for name in (*stored, *TIMES, *START))
-    values = [f"r.{name}" for name in stored]
-    values += ["statement_timestamp() + make_interval(secs => r.delay)", "statement_timestamp()"]
-    values += [literal(value) for value in START.values()]
-    arrays = ", ".join(f"%s::{_ARRAYS[name][0] or FIELDS[name].cast_db_type(connection)}[]" for name in sent)
-    returning = "RETURNING " + ", ".join(_column(connection, name) for name in (PK, *TIMES))
-    on_conflict = ""
-    if conflict:
-        key = _column(connection, "unique_key")
-        # The partial unique index (migration 0008), named by its column and predicate.
-        on_conflict = f"ON CONFLICT ({key}) WHERE {key} IS NOT NULL " + (
-            "DO NOTHING " if conflict == _SKIP else f"DO UPDATE SET {key} = EXCLUDED.{key} WHERE false "
-        )
-        returning += f", {key}"
-    return (
-        f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)} ({names}) SELECT {', '.join(values)} "
-        f"FROM unnest({arrays}) AS r({', '.join(sent)}) {on_conflict}{returning}"
-    )
 
 
 @contextmanager

@@ -99,13 +99,20 @@ def enqueue_one(count: int) -> dict[str, Any]:
     return {"jobs": count, "seconds": seconds, "jobs_per_s": count / seconds, "stored": remaining()}
 
 
-def enqueue_bulk(count: int) -> dict[str, Any]:
+def enqueue_bulk(count: int, calls_of: int = 0) -> dict[str, Any]:
+    """``enqueue_many`` as a user calls it (handles on), ``calls_of`` jobs per call (0: all in one)."""
     from bench.benchapp.jobs import noop
     from django_dbqueue import enqueue_many
 
+    size = calls_of or count
+
+    def calls() -> None:
+        for start in range(0, count, size):
+            enqueue_many(noop.bind(i) for i in range(start, min(count, start + size)))
+
     clear()
-    seconds = timed(lambda: enqueue_many(noop.bind(i) for i in range(count)))
-    return {"jobs": count, "seconds": seconds, "jobs_per_s": count / seconds, "stored": remaining()}
+    seconds = timed(calls)
+    return {"jobs": count, "calls_of": size, "seconds": seconds, "jobs_per_s": count / seconds, "stored": remaining()}
 
 
 def enqueue_bulk_count(count: int) -> dict[str, Any]:
@@ -336,6 +343,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,100000,1000000")
     parser.add_argument("--delayed", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--calls-of", type=int, default=0, help="enqueue-bulk: jobs per call (0: all in one)")
     args = parser.parse_args()
     if args.command == "setup":
         recreate_database()
@@ -345,7 +353,7 @@ def main() -> None:
     if args.command == "enqueue-one":
         emit(enqueue_one(args.count))
     elif args.command == "enqueue-bulk":
-        emit(enqueue_bulk(args.count))
+        emit(enqueue_bulk(args.count, args.calls_of))
     elif args.command == "enqueue-bulk-count":
         emit(enqueue_bulk_count(args.count))
     elif args.command == "enqueue-stream":

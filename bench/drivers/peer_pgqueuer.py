@@ -73,9 +73,17 @@ async def run(args: Any) -> dict[str, Any]:
         if args.command == "enqueue-bulk":
             clear()
             started = time.perf_counter()
-            await enqueue_bulk(queries, 0, args.count)
+            size = args.calls_of or args.count
+            for start in range(0, args.count, size):
+                await enqueue_bulk(queries, start, min(size, args.count - start))
             seconds = time.perf_counter() - started
-            return {"jobs": args.count, "seconds": seconds, "jobs_per_s": args.count / seconds, "stored": remaining()}
+            return {
+                "jobs": args.count,
+                "calls_of": size,
+                "seconds": seconds,
+                "jobs_per_s": args.count / seconds,
+                "stored": remaining(),
+            }
         if args.command == "fill":
             clear()
             for start in range(0, args.count, 10_000):
@@ -96,6 +104,7 @@ def main() -> None:
     parser.add_argument("--path", default="")
     parser.add_argument("--gap-min", type=float, default=0.005)
     parser.add_argument("--gap-max", type=float, default=0.03)
+    parser.add_argument("--calls-of", type=int, default=0, help="enqueue-bulk: jobs per call (0: all in one)")
     parser.add_argument("--wait", action="store_true", help="worker: keep running when the queue is empty")
     args = parser.parse_args()
     if args.command == "setup":
