@@ -49,7 +49,9 @@ async def worker(wait: bool) -> None:
         with open(os.environ["BENCH_LATENCY_FILE"], "a") as out:
             out.write(f"{tag} {enqueued_at} {started!r}\n")
 
-    await qm.run(mode=QueueExecutionMode.continuous if wait else QueueExecutionMode.drain)
+    # BENCH_PGQUEUER_BATCH: its dequeue's batch_size (unset: pgqueuer's default, 10).
+    sized = {"batch_size": int(os.environ["BENCH_PGQUEUER_BATCH"])} if os.environ.get("BENCH_PGQUEUER_BATCH") else {}
+    await qm.run(mode=QueueExecutionMode.continuous if wait else QueueExecutionMode.drain, **sized)
 
 
 async def enqueue_bulk(queries: Queries, first: int, count: int) -> None:
