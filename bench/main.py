@@ -66,7 +66,7 @@ class Config:
     claim_in_front: int = 100_000  # BENCH_CLAIM_IN_FRONT
     claim_iterations: int = 200  # BENCH_CLAIM_ITERATIONS
     profile_jobs: int = 3000  # BENCH_PROFILE_JOBS
-    batch: int = 50  # BENCH_BATCH: extra queue_work --batch N drains of django-dbqueue (0: none; the default is 10)
+    batch: int = 10  # BENCH_BATCH: extra queue_work --batch N drains of django-dbqueue (0: none; the default is 50)
     alternating_rounds: int = 5  # BENCH_ALTERNATING_ROUNDS: enqueue rounds alternating with pgqueuer (0: none)
     bulk_calls: tuple[int, ...] = (10, 100, 1000, 50_000)  # BENCH_BULK_CALLS: enqueue_many call sizes, alternating
     bulk_calls_jobs: int = 20_000  # BENCH_BULK_CALLS_JOBS: jobs per round of those (at least one call)
@@ -1219,7 +1219,8 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ratio_goal("single enqueue vs pgqueuer (issue 18)", alternating("enqueue_one"), "pgqueuer", 1.0),
     ]
     # Issue 32's, from the alternating rounds only (both sides measured side by side).
-    for key in sorted(k for k in results.get("dbqueue", {}) if k.startswith("enqueue_bulk_calls_")):
+    called = [k for k in results.get("dbqueue", {}) if k.startswith("enqueue_bulk_calls_")]
+    for key in sorted(called, key=lambda k: int(k.split("_")[3])):
         size = int(key.split("_")[3])
         out.append(pair_goal(f"enqueue_many in calls of {size:,}, handles on, vs pgqueuer (issue 32)", key, 1.5))
     for n in (1, 4):
