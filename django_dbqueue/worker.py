@@ -40,9 +40,10 @@ PRUNE_INTERVAL = 600.0
 # A claim takes about as many jobs as the slots run in this many seconds (so none waits long
 # in one worker while another is free); succeeded jobs wait about as long for their DELETE.
 BATCH_WINDOW = 0.05
-# queue_work --batch: the most jobs claimed at once per slot (BATCH_WINDOW keeps slow jobs'
-# claims small). 50 drains no-op jobs 1.5-1.7x faster than 10; 100 adds 2-3 % (docs/performance.md).
-DEFAULT_BATCH = 50
+# queue_work --batch: the most jobs claimed at once per slot. 50 drains no-op jobs 1.5-1.7x
+# faster, but the DELETE of the quick jobs that ran waits for a long one claimed with them, and
+# a kill during it runs them again (docs/howto/throughput.md): not the default until it does not.
+DEFAULT_BATCH = 10
 # Seconds a stopping worker goes on starting the jobs it claimed before it gives the rest back.
 STOP_FINISH = 1.0
 # queue_work --threads and --async-concurrency: the most allowed (a typo guard).
