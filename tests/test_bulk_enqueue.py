@@ -277,6 +277,17 @@ def test_on_postgresql_one_batch_outside_a_transaction_is_one_statement_and_comm
 
 @postgres_only
 @pytest.mark.django_db(transaction=True)
+def test_on_postgresql_one_batch_with_a_value_too_long_is_refused_whole_outside_a_transaction():
+    # The one statement in autocommit: the good rows beside the bad one are not stored either.
+    calls = [jobs.add.bind(i, i) for i in range(3)] + [dataclasses.replace(jobs.add, name="n" * 201).bind(0, 0)]
+    with pytest.raises(DatabaseError, match="too long"):
+        enqueue_many(calls)
+    assert not connection.in_atomic_block
+    assert Job.objects.count() == 0
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
 def test_on_postgresql_a_value_too_long_for_its_column_is_refused_and_earlier_batches_are_undone():
     calls = [jobs.add.bind(i, i) for i in range(20)] + [dataclasses.replace(jobs.add, name="n" * 201).bind(0, 0)]
     with pytest.raises(DatabaseError, match="too long"):
