@@ -178,8 +178,10 @@ def _internal_error(run: Run, exc: BaseException) -> Outcome:
 
 
 def _reset_connections(run: Run) -> None:
-    """Close this thread's connections that a job left in a transaction, or broken; a healthy
-    one stays open for the thread's next job."""
+    """Give back this thread's connections as Django does at a request's end: closed if a job
+    left it in a transaction, broken, or past its ``CONN_MAX_AGE`` (0, the default: at once; with
+    ``OPTIONS["pool"]``, back to the pool); so a job thread holds a connection only while a job
+    that uses the ORM runs, and a persistent one (``CONN_MAX_AGE`` > 0) for its next job."""
     for connection in connections.all(initialized_only=True):
         if connection.connection is None:
             continue
@@ -197,8 +199,8 @@ def _reset_connections(run: Run) -> None:
                 except Exception:  # noqa: BLE001 - it is being thrown away
                     pass
                 del connections[connection.alias]
-            elif connection.errors_occurred and not connection.is_usable():
-                drop_connection(connection.alias)
+            else:
+                connection.close_if_unusable_or_obsolete()
         except DatabaseError:
             drop_connection(connection.alias)
 
