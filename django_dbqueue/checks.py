@@ -14,7 +14,7 @@ from django.db import DatabaseError, connections
 from django.urls import NoReverseMatch, reverse
 
 from . import conf, middleware, pauses, rates, registry, schedules, schema, validation
-from .db import CLAIM_VENDORS
+from .db import CLAIM_VENDORS, pool_size
 from .metrics import prometheus_installed
 from .pool import connections_per_process
 from .validation import MAX_SECONDS, MAX_TRIES
@@ -49,7 +49,8 @@ CHECK_IDS: dict[str, str] = {
     "dbqueue.W004": "``queue_work --timeout`` is not shorter than ``RETRY_AFTER``.",
     "dbqueue.W005": "With ``QUEUES`` set: ``QUEUE``, or a job's ``@job(queue=...)``, is not in it.",
     "dbqueue.W006": "``queue_work --queue`` serves a queue that is not in ``QUEUES`` (the worker still runs).",
-    "dbqueue.W007": "A ``queue_work`` may open half the ``max_connections`` or more: processes x (threads + 5).",
+    "dbqueue.W007": "A ``queue_work`` may open half the ``max_connections`` or more: processes x (threads + 5), "
+    "or processes x the size of Django's connection pool.",
     "dbqueue.W008": "``metrics_urls`` is mounted without ``prometheus_client``: the metrics view answers 501.",
     "dbqueue.W009": "The queue's database lacks the app's tables or its latest migration: run "
     "``manage.py migrate django_dbqueue`` (a warning, so that ``migrate`` itself still runs; ``queue_work`` "
@@ -444,9 +445,20 @@ def check_worker(concurrency: int | None, timeout: int | None) -> list[CheckMess
 
 def check_worker_connections(processes: int, threads: int, async_slots: int) -> list[CheckMessage]:
     """Warn when the connections one ``queue_work`` command may open (see
-    ``pool.connections_per_process``) take half the server's ``max_connections`` or more."""
-    needed = processes * connections_per_process(threads, async_slots)
+    ``pool.connections_per_process``, or Django's pool that bounds them) take half the server's
+    ``max_connections`` or more."""
     connection = connections[conf.get("DATABASE")]
+    bound = pool_size(connection)
+    per_process = connections_per_process(threads, async_slots)
+    if bound is not None and bound < per_process:
+        what = f"Django's connection pool of {bound} for every thread of the process"
+        per_process = bound
+    else:
+        what = (
+            f"--threads {threads} while their jobs use the ORM, the worker's own, its heartbeat's, the listener's, "
+            f"progress, the ticker{', the async ORM thread' if async_slots else ''}"
+        )
+    needed = processes * per_process
     query = {"postgresql": "SHOW max_connections", "mysql": "SELECT @@max_connections"}.get(connection.vendor)
     # No server is configured for fewer than 20 connections: no need to ask.
     if query is None or needed < 10:
@@ -462,12 +474,11 @@ def check_worker_connections(processes: int, threads: int, async_slots: int) -> 
         return []
     return [
         Warning(
-            f"This command may open {needed} database connections ({processes} process(es) x "
-            f"{connections_per_process(threads, async_slots)}: --threads {threads}, the worker's own, its "
-            f"heartbeat's, the listener's, progress, the ticker{', the async ORM thread' if async_slots else ''}); the "
-            f"server allows {limit} (max_connections) for every client together.",
-            hint="Run fewer threads or processes, raise max_connections, or put PgBouncer in front "
-            "(see the README: Choosing processes, threads or asyncio).",
+            f"This command may open {needed} database connections ({processes} process(es) x {per_process}: "
+            f"{what}); the server allows {limit} (max_connections) for every client together.",
+            hint="Run fewer threads or processes, bound each process with Django's connection pool "
+            "(DATABASES OPTIONS 'pool' on PostgreSQL), put PgBouncer in front, or raise max_connections "
+            "(docs/howto/deploy.md: the connection bill).",
             id="dbqueue.W007",
         )
     ]

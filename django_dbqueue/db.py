@@ -137,6 +137,27 @@ def drop_connection(using: str | None = None) -> None:
         connection.connection = None
 
 
+def pool_size(connection: Any) -> int | None:
+    """The most connections Django's pool (``OPTIONS["pool"]``, PostgreSQL) opens per process;
+    None without one. psycopg_pool's own defaults: ``min_size`` 4, ``max_size`` = ``min_size``."""
+    options = connection.settings_dict["OPTIONS"].get("pool") if connection.vendor == "postgresql" else None
+    if not options:
+        return None
+    options = options if isinstance(options, dict) else {}
+    return int(options.get("max_size") or options.get("min_size") or 4)
+
+
+def close_before_fork() -> None:
+    """Close every connection of this process, and the pools behind them (``OPTIONS["pool"]``,
+    PostgreSQL): a forked child must open sockets of its own, not share the parent's."""
+    for connection in connections.all(initialized_only=True):
+        connection.close()
+    for connection in connections.all():
+        # A pool (its sockets, its threads) belongs to the alias, not to one thread's wrapper.
+        if pool_size(connection) is not None:
+            connection.close_pool()  # type: ignore[attr-defined]  # PostgreSQL's wrapper
+
+
 def read_back(instance: Any, *fields: str) -> None:
     """Replace database-clock expressions left on a saved instance by their stored values.
 

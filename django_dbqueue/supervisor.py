@@ -14,6 +14,7 @@ from types import FrameType
 
 from django.db import DatabaseError, connections
 
+from .db import close_before_fork
 from .lifecycle import reclaim_worker
 from .worker import EXIT_TIMED_OUT, StopReason, Worker, WorkerOptions
 from .workers import new_worker_id
@@ -72,8 +73,7 @@ class Supervisor:
 
     def _spawn(self) -> None:
         token = secrets.token_hex(3)
-        # A forked child must not share the parent's database sockets.
-        connections.close_all()
+        close_before_fork()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 1

@@ -62,6 +62,15 @@ if DB == "postgres" and os.environ.get("DBQUEUE_TEST_DIRECT_PORT"):
     # Workers behind PgBouncer: a second alias that reaches PostgreSQL directly, for LISTEN.
     DATABASES["direct"] = {**DATABASES["default"], "PORT": os.environ["DBQUEUE_TEST_DIRECT_PORT"]}
 
+if DB == "postgres" and os.environ.get("DBQUEUE_TEST_POOL"):
+    # Django's connection pool (psycopg_pool), at most this many connections per process.
+    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 2, "max_size": int(os.environ["DBQUEUE_TEST_POOL"])}
+
+if os.environ.get("DBQUEUE_TEST_CONN_MAX_AGE"):
+    # Persistent connections ("none": for ever), as behind PgBouncer.
+    _age = os.environ["DBQUEUE_TEST_CONN_MAX_AGE"]
+    DATABASES["default"]["CONN_MAX_AGE"] = None if _age == "none" else int(_age)
+
 if os.environ.get("DBQUEUE_TEST_USE_TEST_DB"):
     # Set for worker processes started by the tests: use the test database
     # that pytest-django created, not the development one.

@@ -60,7 +60,7 @@ def pgbouncer() -> Iterator[int]:
         f"auth_type = trust\nauth_file = {directory / 'users.txt'}\n"
         "pool_mode = transaction\nunix_socket_dir =\n"
         f"logfile = {directory / 'pgbouncer.log'}\n"
-        "max_client_conn = 200\ndefault_pool_size = 10\n"
+        "max_client_conn = 1200\ndefault_pool_size = 10\n"
     )
     command = [PGBOUNCER, str(directory / "pgbouncer.ini")]
     if os.geteuid() == 0:
