@@ -50,13 +50,14 @@ class Heartbeat:
         *,
         interval: float | None = None,
         queues: Sequence[str] | None = None,
-        options: str = "",
+        options: str | Callable[[], str] = "",
         stats: workers.Stats | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.interval = interval
-        # With queues, it also keeps the worker's row fresh with ``stats``, and flushes ``recorder``.
+        # With queues, it also keeps the worker's row fresh with ``stats`` and ``options`` (read
+        # at each beat when a callable: a worker's threads change with --autoscale), and flushes ``recorder``.
         self.queues = list(queues) if queues is not None else None
         self.options = options
         self.stats = stats
@@ -157,7 +158,7 @@ class Heartbeat:
     def register(self) -> None:
         """Write the worker's row as it starts (else the first beat that reaches the database does)."""
         try:
-            workers.register(self.worker_id, self.queues or [], self.options, self.stats)
+            workers.register(self.worker_id, self.queues or [], self._options_text(), self.stats)
         except DatabaseError as exc:
             logger.warning("worker row not written worker_id=%s: %s", self.worker_id, error_text(exc))
 
@@ -199,6 +200,9 @@ class Heartbeat:
     ) -> None:
         self.stop()
 
+    def _options_text(self) -> str:
+        return self.options() if callable(self.options) else self.options
+
     def _interval(self, job: Job) -> float:
         return self.interval if self.interval is not None else beat_interval(job.retry_after)
 
@@ -233,7 +237,7 @@ class Heartbeat:
             self._seen_due = time.monotonic() + workers.beat_seconds()
             try:
                 started = time.monotonic()
-                workers.seen(self.worker_id, self.queues, self.options, self.stats)
+                workers.seen(self.worker_id, self.queues, self._options_text(), self.stats)
                 self._row_fresh = started
                 if self.recorder is not None:
                     self.recorder.flush()

@@ -69,6 +69,9 @@ class Inline:
     def has_outcomes(self) -> bool:
         return bool(self.queued)
 
+    def claimed(self, asked: int, got: int) -> None:
+        pass  # one slot, whatever the queue holds
+
     def submit(self, jobs: list[Job]) -> None:
         self.queued.extend(jobs)
 

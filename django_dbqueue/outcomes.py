@@ -20,7 +20,7 @@ from django.db import DatabaseError, transaction
 
 from . import handles, lifecycle, progress, rows, signals, steps, workers
 from .db import alias, caused_by_lost_connection, drop_connection, error_text, is_connection_error
-from .exceptions import JobCancelled
+from .exceptions import JobCancelled, WorkerStopped
 from .execution import Defaults, Outcome, outcome_of, timeout_error
 from .heartbeat import Heartbeat
 from .history import Recorder, shown_name
@@ -54,6 +54,15 @@ def ending(run: Run, defaults: Defaults) -> Outcome:
     if outcome.status != "released":
         return outcome
     return dataclasses.replace(outcome, delay=max(outcome.delay, ENDING_RELEASE_DELAY))
+
+
+def asked_for(reason: BaseException | None) -> str:
+    """What asked a run to stop, for the log of the process that ends for it."""
+    if isinstance(reason, JobCancelled):
+        return "a hard cancel"
+    if isinstance(reason, WorkerStopped):
+        return "a second stop signal"
+    return "its timeout"
 
 
 class Outages:

@@ -1,5 +1,7 @@
 """The N-slot executor (``queue_work --threads N --async-concurrency M``): sync jobs in threads,
-``async def`` jobs on one event loop; the main thread alone claims and stores outcomes.
+``async def`` jobs on one event loop; the main thread alone claims and stores outcomes. With
+``--autoscale MIN,MAX`` the threads follow the queue (``autoscale`` decides): a thread added
+starts at once, one that goes ends between two jobs, never during one.
 
 No exception is raised into a job's thread (at an arbitrary point it would leave a broken
 connection or a held lock to the thread's next jobs): a job past its timeout, hard-cancelled or
@@ -15,6 +17,7 @@ import collections
 import dataclasses
 import faulthandler
 import inspect
+import itertools
 import logging
 import queue
 import threading
@@ -27,6 +30,7 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections
 
 from . import progress, registry
+from .autoscale import Autoscaler, Bounds
 from .db import caused_by_lost_connection, drop_connection
 from .exceptions import WorkerStopped
 from .execution import (
@@ -108,6 +112,7 @@ class Executor(Protocol):
 
     def __enter__(self) -> Self: ...
     def __exit__(self, *exc_info: object) -> None: ...
+    def claimed(self, asked: int, got: int) -> None: ...  # a claim's result, before its jobs' submit
     def submit(self, jobs: list[Job]) -> None: ...
     def collect(self) -> list[tuple[Job, Outcome | None]]: ...  # None: not started
     def ask_to_stop(self, job: Job, reason: BaseException) -> bool: ...
@@ -131,7 +136,7 @@ class _Thread:
             while True:
                 run = pool._thread_jobs.get()
                 if run is None:
-                    return
+                    return  # the pool stops, or has a thread too many (autoscale)
                 # Not while a job asked to stop runs on: its process may end for it.
                 pool._may_start.wait()
                 outcome: Outcome | None = None
@@ -206,7 +211,8 @@ def _reset_connections(run: Run) -> None:
 
 
 class Pool:
-    """Up to ``threads`` sync jobs in threads and ``async_slots`` async jobs on one loop."""
+    """Up to ``threads`` sync jobs in threads (with ``autoscale``, from its minimum to its maximum,
+    as the queue needs) and ``async_slots`` async jobs on one loop."""
 
     def __init__(
         self,
@@ -217,8 +223,10 @@ class Pool:
         worker_id: str,
         cancel_level: Callable[[Job], int],
         wake: Callable[[], None],
+        autoscale: Bounds | None = None,
     ) -> None:
-        self.threads = max(1, threads)
+        self.threads = max(1, threads) if autoscale is None else autoscale.minimum
+        self._scaler = None if autoscale is None else Autoscaler(autoscale, time.monotonic())
         self.async_slots = async_slots
         self.defaults = defaults
         self.worker_id = worker_id
@@ -236,6 +244,7 @@ class Pool:
         self._to_loop: list[Run] = []
         self._loop_slots: asyncio.Semaphore | None = None
         self._pool_threads: list[_Thread] = []
+        self._thread_numbers = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         # Job id -> its run, for every job handed over and not collected.
@@ -253,10 +262,7 @@ class Pool:
         """Start the threads and the loop; all jobs write progress through one connection."""
         self._writer = progress.share_writer()
         self._writer.__enter__()
-        for number in range(self.threads):
-            pool_thread = _Thread(self, number + 1)
-            self._pool_threads.append(pool_thread)
-            pool_thread.thread.start()
+        self._add_threads(self.threads)
         if self.async_slots:
             self._loop = asyncio.new_event_loop()
             self._loop_thread = threading.Thread(target=self._loop.run_forever, name="dbqueue-loop", daemon=True)
@@ -268,6 +274,12 @@ class Pool:
             self.stop(wait=1.0)
         finally:
             self._writer.__exit__(None, None, None)
+
+    def _add_threads(self, count: int) -> None:
+        for _ in range(count):
+            pool_thread = _Thread(self, next(self._thread_numbers))
+            self._pool_threads.append(pool_thread)
+            pool_thread.thread.start()
 
     def pause(self) -> None:
         pass  # the last resort is armed only while runs are past a deadline (check_deadlines)
@@ -314,7 +326,8 @@ class Pool:
         return inspect.iscoroutinefunction(definition.func)
 
     def submit(self, jobs: list[Job]) -> None:
-        """Run each of ``jobs`` on the first free thread (sync jobs) or loop slot (async jobs)."""
+        """Run each of ``jobs`` on the first free thread (sync jobs) or loop slot (async jobs); with
+        ``autoscale``, look at the slots then."""
         for job in jobs:
             run = Run(job, on_loop=False)
             self.runs[job.pk] = run
@@ -336,6 +349,47 @@ class Pool:
         if self._to_loop and self._loop is not None:
             runs, self._to_loop = self._to_loop, []
             self._loop.call_soon_threadsafe(self._start_tasks, runs)
+        if self._scaler is not None:
+            self._resize()
+
+    def claimed(self, asked: int, got: int) -> None:
+        """Note that a claim asked for ``asked`` jobs and got ``got``, which ``submit`` gets next:
+        with ``autoscale``, the slots are looked at then (at once after an empty claim)."""
+        if self._scaler is not None:
+            self._scaler.claimed(asked, got)
+            if not got:
+                self._resize()
+
+    def _resize(self) -> None:
+        """Start or end threads as the autoscaler decides; a thread too many ends between two jobs."""
+        assert self._scaler is not None
+        if self.stopping:
+            return
+        busy = self._held_for_threads()
+        resize = self._scaler.decide(busy, time.monotonic())
+        if resize is None:
+            return
+        self._pool_threads = [thread for thread in self._pool_threads if thread.thread.is_alive()]
+        self._add_threads(resize.after - self.threads)
+        for _ in range(self.threads - resize.after):
+            # Behind the runs queued already: taken by a thread that has none (it ends, and
+            # closes its connections).
+            self._thread_jobs.put(None)
+        self.threads = resize.after
+        logger.info(
+            "slots changed worker_id=%s from=%s to=%s busy=%s reason=%s",
+            self.worker_id,
+            resize.before,
+            resize.after,
+            busy,
+            resize.reason,
+        )
+
+    def _held_for_threads(self) -> int:
+        """Jobs running in a thread or waiting for one."""
+        if not self.async_slots:
+            return len(self.runs)
+        return sum(not run.on_loop for run in self.runs.values())
 
     def _start_tasks(self, runs: list[Run]) -> None:
         assert self._loop is not None  # in the loop's thread

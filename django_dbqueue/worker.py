@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError
 
 from . import batches, claims, finished, history, lifecycle, registry, schema, signals, unique, workers
+from .autoscale import Bounds
 from .claims import clear_unique_keys, retry_in, use_flow_claim, uses_flow_claim
 from .db import alias, error_text, watch_network
 from .exceptions import JobCancelled, WorkerStopped
@@ -27,7 +28,7 @@ from .inline import Inline
 from .listener import Listener
 from .models import CANCEL_HARD, Job
 from .operations import restart_marker
-from .outcomes import Outages, Outcomes, ending
+from .outcomes import Outages, Outcomes, asked_for, ending
 from .pool import Executor, Pool, Run
 from .ticker import Ticker
 
@@ -86,11 +87,12 @@ class WorkerOptions:
     # Sync jobs in this many threads, ``async def`` ones on one loop (pool); else the main thread.
     threads: int = 1
     async_concurrency: int = 0
+    autoscale: Bounds | None = None  # threads from its minimum to its maximum, as the queue needs
     schedule: bool = True  # tick the schedules declared in code
 
     @property
     def pooled(self) -> bool:
-        return self.threads > 1 or self.async_concurrency > 0
+        return self.threads > 1 or self.async_concurrency > 0 or self.autoscale is not None
 
 
 class Worker:
@@ -113,7 +115,7 @@ class Worker:
         self.stats = workers.Stats()
         self.history = history.Recorder()
         self.heartbeat = Heartbeat(
-            self.worker_id, queues=options.queues, options=self._options_text(), stats=self.stats, recorder=self.history
+            self.worker_id, queues=options.queues, options=self._options_text, stats=self.stats, recorder=self.history
         )
         self.heartbeat.on_cancel = self._on_cancel
         self.executor: Executor
@@ -125,6 +127,7 @@ class Worker:
                 worker_id=self.worker_id,
                 cancel_level=self.heartbeat.cancel_level,
                 wake=self._poke,
+                autoscale=options.autoscale,
             )
         else:
             self.executor = Inline(
@@ -175,7 +178,7 @@ class Worker:
             "worker started worker_id=%s queues=%s%s",
             self.worker_id,
             ",".join(self.options.queues),
-            f" threads={self.options.threads} async={self.options.async_concurrency}" if self.options.pooled else "",
+            f" {self._options_text()}" if self.options.pooled else "",
         )
         with (
             self.handle_signals(),
@@ -232,6 +235,7 @@ class Worker:
             want = self._claim_size()
             if want > 0 and time.monotonic() >= next_claim:
                 jobs = self.reserve(want)
+                executor.claimed(want, len(jobs))
                 if jobs:
                     self._submit(jobs)
                     continue
@@ -477,7 +481,7 @@ class Worker:
             stuck.job.name,
             stuck.job.pk,
             self.options.defaults.timeout_grace,
-            _asked_for(stuck.reason),
+            asked_for(stuck.reason),
             "event loop" if stuck.on_loop else "thread",
             len(recorded),
             len(runs) - len(recorded),
@@ -510,11 +514,14 @@ class Worker:
             workers.prune_old_rows()
 
     def _options_text(self) -> str:
-        """The options an operator looks for in the workers table."""
+        """The options an operator looks for in the workers table (each beat: threads follow --autoscale)."""
         options = self.options
         words = [f"batch={options.batch}", f"timeout={options.defaults.timeout}", f"tries={options.defaults.tries}"]
         if options.pooled:
-            words[:0] = [f"threads={options.threads}", f"async={options.async_concurrency}"]
+            threads = self.executor.capacity - options.async_concurrency
+            words[:0] = [f"threads={threads}", f"async={options.async_concurrency}"]
+        if options.autoscale is not None:
+            words.insert(0, f"autoscale={options.autoscale}")
         if options.parent_pid is not None:
             words.append(f"supervisor={options.parent_pid}")
         return " ".join(words)
@@ -589,12 +596,3 @@ class Worker:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-
-
-def _asked_for(reason: BaseException | None) -> str:
-    """What asked a job to stop, for the log."""
-    if isinstance(reason, JobCancelled):
-        return "a hard cancel"
-    if isinstance(reason, WorkerStopped):
-        return "a second stop signal"
-    return "its timeout"

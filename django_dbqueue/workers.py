@@ -125,8 +125,8 @@ def register(worker_id: str, queues: Sequence[str], options: str = "", stats: St
 
 
 def seen(worker_id: str, queues: Sequence[str], options: str = "", stats: Stats | None = None) -> None:
-    """Refresh the row's ``last_seen_at`` and counts; write it again if it was pruned meanwhile."""
-    values = stats.values() if stats is not None else {}
+    """Refresh the row's ``last_seen_at``, options and counts; write it again if it was pruned meanwhile."""
+    values = {"options": options[:200], **(stats.values() if stats is not None else {})}
     if not QueueWorker.objects.filter(worker_id=worker_id).update(last_seen_at=DbNow(), **values):
         register(worker_id, queues, options, stats)
 

@@ -66,6 +66,27 @@ def seconds(minimum: float = 0, *, whole: bool = False) -> Callable[[str], Any]:
 tries = whole_number(1, validation.MAX_TRIES)
 
 
+def whole_number_range(minimum: int, maximum: int) -> Callable[[str], tuple[int, int]]:
+    """Two whole numbers from ``minimum`` to ``maximum``, comma-separated, in either order: ``2,16``
+    and ``16,2`` are the same range, returned as ``(2, 16)``."""
+
+    def parse(text: str) -> tuple[int, int]:
+        try:
+            values = [int(part) for part in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 2:
+            raise argparse.ArgumentTypeError(f"{text!r} is not two whole numbers MIN,MAX such as 2,16")
+        low, high = sorted(values)
+        if low < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: each number must be at least {minimum}")
+        if high > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r}: each number must be at most {maximum}")
+        return low, high
+
+    return parse
+
+
 def queue_list(text: str) -> list[str]:
     """Queues in priority order, comma-separated: ``high,default``."""
     queues = [queue.strip() for queue in text.split(",")]

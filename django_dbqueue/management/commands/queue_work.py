@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from django_dbqueue import conf, registry, schema
+from django_dbqueue.autoscale import GROW_INTERVAL, IDLE_SECONDS, Bounds
 from django_dbqueue.checks import (
     check_sqlite,
     check_worker,
@@ -15,7 +16,15 @@ from django_dbqueue.checks import (
 from django_dbqueue.db import alias
 from django_dbqueue.execution import Defaults
 from django_dbqueue.management.base import QueueCommand
-from django_dbqueue.management.options import backoff, number, queue_list, seconds, tries, whole_number
+from django_dbqueue.management.options import (
+    backoff,
+    number,
+    queue_list,
+    seconds,
+    tries,
+    whole_number,
+    whole_number_range,
+)
 from django_dbqueue.supervisor import Supervisor
 from django_dbqueue.worker import BATCH_WINDOW, DEFAULT_BATCH, MAX_ASYNC, MAX_THREADS, StopReason, Worker, WorkerOptions
 
@@ -90,10 +99,29 @@ class Command(QueueCommand):
         add(
             "--threads",
             type=whole_number(1, MAX_THREADS),
-            default=1,
             help="Run up to N sync jobs at once in this process, each in its own thread "
             "with its own database connection; for jobs that wait on the network "
             "(default: 1, jobs run one at a time in the main thread).",
+        )
+        add(
+            "--autoscale",
+            type=whole_number_range(1, MAX_THREADS),
+            metavar="MIN,MAX",
+            help="Run from MIN to MAX sync jobs at once in this process, in threads that follow the "
+            f"queue: MIN at the start, twice as many (at most every {GROW_INTERVAL:g} s, up to MAX) while every "
+            "thread is busy and more jobs wait, back toward MIN when threads stay unused "
+            "(--autoscale-idle); a thread ends between two jobs, never during one. The numbers "
+            "may come in either order (Celery writes MAX,MIN). Not with --threads; with "
+            "--async-concurrency the async slots stay fixed; with --concurrency each process "
+            "scales its own threads (default: a fixed number of threads, --threads).",
+        )
+        add(
+            "--autoscale-idle",
+            type=seconds(1),
+            metavar="SECONDS",
+            help="With --autoscale: the threads go down every SECONDS from the last change, to the "
+            "most jobs held at once in those seconds, never below MIN; a load that comes back "
+            f"sooner keeps its threads (default: {IDLE_SECONDS:g}).",
         )
         add(
             "--async-concurrency",
@@ -111,6 +139,8 @@ class Command(QueueCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["concurrency"] and options["once"]:
             raise CommandError("--once and --concurrency cannot be combined")
+        autoscale = self._autoscale(options)
+        threads = options["threads"] or 1
         self._configure_logging(options["verbosity"])
         # An option not given takes its setting.
         settings = conf.get_settings()
@@ -125,7 +155,9 @@ class Command(QueueCommand):
             *check_worker_queues_used(queues),
             *check_sqlite(databases=[alias()]),
             *check_worker(options["concurrency"], timeout),
-            *check_worker_connections(options["concurrency"] or 1, options["threads"], options["async_concurrency"]),
+            *check_worker_connections(
+                options["concurrency"] or 1, autoscale.maximum if autoscale else threads, options["async_concurrency"]
+            ),
         ]:
             self.stderr.write(self.style.WARNING(str(message)))
         if not registry.all_definitions():
@@ -146,8 +178,9 @@ class Command(QueueCommand):
             until_done=options["until_done"],
             once=options["once"],
             batch=options["batch"],
-            threads=options["threads"],
+            threads=threads,
             async_concurrency=options["async_concurrency"],
+            autoscale=autoscale,
             schedule=not options["no_schedule"],
         )
         if options["concurrency"]:
@@ -156,6 +189,19 @@ class Command(QueueCommand):
             reason = Worker(worker_options).run()
         if reason is StopReason.MEMORY:
             sys.exit(EXIT_MEMORY)
+
+    def _autoscale(self, options: dict[str, Any]) -> Bounds | None:
+        """The bounds of ``--autoscale`` and ``--autoscale-idle``, or None; refuse them with ``--threads``."""
+        if options["autoscale"] is None:
+            if options["autoscale_idle"] is not None:
+                raise CommandError("--autoscale-idle needs --autoscale MIN,MAX")
+            return None
+        if options["threads"] is not None:
+            raise CommandError(
+                "--autoscale and --threads cannot be combined: --autoscale MIN,MAX runs from MIN to MAX threads"
+            )
+        low, high = options["autoscale"]
+        return Bounds(low, high, idle=options["autoscale_idle"] or IDLE_SECONDS)
 
     def _configure_logging(self, verbosity: int) -> None:
         """Show one line per job on stderr, unless the project configured our logger."""
