@@ -1,5 +1,6 @@
 """What the pages promise about themselves: the README's jobs and its view, the install page's
-tables, and ``scripts/check_docs``'s HTML and its message when Sphinx is missing."""
+tables, ``scripts/check_docs``'s HTML and its message when Sphinx is missing, and the autoscaling
+page's SQL, KEDA queries and metric names."""
 
 from __future__ import annotations
 
@@ -9,19 +10,24 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from django.apps import apps
 from django.db import transaction
 from django.test import RequestFactory
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
-from django_dbqueue import registry
+from django_dbqueue import history, metrics, registry, scaling
 from django_dbqueue.models import Job
-from tests.test_docs import python_blocks
+from django_dbqueue.operations import QueueStats
+from tests.test_docs import FENCE, python_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -152,3 +158,72 @@ def test_check_docs_says_how_to_make_the_environment_when_its_python_is_absent(t
     assert result.returncode == 2
     assert "No Python at" in result.stderr
     assert 'pip install -e ".[docs]"' in result.stderr
+
+
+AUTOSCALING = ROOT / "docs" / "howto" / "autoscaling.md"
+
+
+def code_blocks(path: Path, language: str) -> list[str]:
+    """The code of each fenced block of ``language`` in a Markdown file, in order."""
+    lines = path.read_text().splitlines()
+    blocks: list[str] = []
+    index = 0
+    while index < len(lines):
+        match = FENCE.match(lines[index])
+        index += 1
+        if not match:
+            continue
+        body = []
+        while index < len(lines) and lines[index].strip() != match["fence"]:
+            body.append(lines[index])
+            index += 1
+        index += 1
+        if match["info"].strip().split(" ")[0] == language:
+            blocks.append(textwrap.dedent("\n".join(body)))
+    return blocks
+
+
+def keda_triggers(kind: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(spec, trigger) for each KEDA trigger of type ``kind`` in the autoscaling page's ScaledObjects."""
+    documents = [doc for block in code_blocks(AUTOSCALING, "yaml") for doc in yaml.safe_load_all(block) if doc]
+    return [
+        (doc["spec"], trigger)
+        for doc in documents
+        if doc.get("kind") == "ScaledObject"
+        for trigger in doc["spec"]["triggers"]
+        if trigger["type"] == kind
+    ]
+
+
+def test_the_autoscaling_page_shows_the_sql_of_the_code() -> None:
+    counts = [block for block in code_blocks(AUTOSCALING, "postgresql") if block.startswith("SELECT")]
+    assert counts == [scaling.WAITING_SQL, scaling.IN_FLIGHT_SQL]
+
+
+def test_the_keda_queries_of_the_autoscaling_page_are_the_code_s_sql_filled_in() -> None:
+    triggers = keda_triggers("postgresql")
+    assert triggers, "the autoscaling page has no ScaledObject with a postgresql trigger"
+    for spec, trigger in triggers:
+        query, target = trigger["metadata"]["query"], float(trigger["metadata"]["targetQueryValue"])
+        sql = {"waiting": scaling.WAITING_SQL, "in-flight": scaling.IN_FLIGHT_SQL}[trigger["name"]]
+        limit = int(re.findall(r"LIMIT (\d+)", query)[-1])
+        queues = re.findall(r"'([^']+)'", query.split("ARRAY[", 1)[1].split("]", 1)[0])
+        assert query == scaling.scaler_query(sql, queues, limit=limit), trigger["name"]
+        # The page's rules: the backlog counts up to what the most replicas need; the work in
+        # flight up to its target, so that it asks for one replica at most.
+        cap = target * spec["maxReplicaCount"] if trigger["name"] == "waiting" else target
+        assert limit == cap, trigger["name"]
+
+
+def test_the_autoscaling_page_names_only_metrics_the_view_exposes() -> None:
+    figures = metrics.Snapshot([QueueStats("default")], metrics.WorkerCounts(), {("default", "job"): history.Totals()})
+    body, _ = metrics.render(figures)
+    exposed = {sample.name for family in text_string_to_metric_families(body.decode()) for sample in family.samples}
+    queries = [trigger["metadata"]["query"] for _, trigger in keda_triggers("prometheus")]
+    adapter = [doc for block in code_blocks(AUTOSCALING, "yaml") for doc in yaml.safe_load_all(block) if doc]
+    queries += [
+        rule[key] for doc in adapter for rule in doc.get("externalRules", []) for key in ("seriesQuery", "metricsQuery")
+    ]
+    named = {name for query in queries for name in re.findall(r"\bdbqueue_\w+", query)}
+    assert len(queries) >= 3 and named
+    assert named <= exposed, f"not exposed by the metrics view: {sorted(named - exposed)}"
