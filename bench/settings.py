@@ -5,6 +5,7 @@ database is the benchmark's own (``dbqueue_bench``), created and dropped by
 ``bench/run``; never a test database.
 """
 
+import json
 import os
 import tempfile
 from typing import Any
@@ -74,3 +75,6 @@ if os.environ.get("BENCH_KEEP_FINISHED"):
 if os.environ.get("BENCH_HISTORY") == "0":
     # bench/observe_cost.py: workers count no runs (DBQUEUE["HISTORY"]).
     DBQUEUE["HISTORY"] = False
+if os.environ.get("BENCH_PRESSURE"):
+    # bench/pressure.py: workers back off the database (DBQUEUE["PRESSURE"], JSON).
+    DBQUEUE["PRESSURE"] = json.loads(os.environ["BENCH_PRESSURE"])

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.urls import NoReverseMatch, reverse
 
-from . import conf, middleware, pauses, rates, registry, schedules, schema, validation
+from . import conf, middleware, pauses, pressure, rates, registry, schedules, schema, validation
 from .db import CLAIM_VENDORS, pool_size
 from .metrics import prometheus_installed
 from .pool import connections_per_process
@@ -143,6 +143,11 @@ VALIDATORS: dict[str, tuple[str, Any]] = {
         f"a string of at least {MIN_TOKEN_LENGTH} characters that neither starts nor ends with a space "
         "(such as secrets.token_urlsafe()), or None",
         lambda v: v is None or (isinstance(v, str) and len(v) >= MIN_TOKEN_LENGTH and v == v.strip()),
+    ),
+    "PRESSURE": (
+        "None, or a dict of 'CLAIM_MS' (milliseconds > 0), 'LOCK_WAITS' (an int >= 1 or None) and "
+        "'MAX_PAUSE' (seconds > 0), each optional",
+        pressure.valid,
     ),
     "IMMEDIATE": ("a bool", lambda v: isinstance(v, bool)),
 }

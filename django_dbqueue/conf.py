@@ -96,6 +96,10 @@ DEFAULTS: dict[str, Any] = {
     # that sends it as "Authorization: Bearer <token>" or ?token=; None: logged-in
     # users with the django_dbqueue.view_job permission only.
     "METRICS_TOKEN": None,
+    # Back off the database (pressure.py): None, or {"CLAIM_MS": 25, "LOCK_WAITS": None, "MAX_PAUSE": 2.0}:
+    # while a worker's claims take longer than CLAIM_MS (moving average) or, on PostgreSQL, that many
+    # sessions wait on a lock, it pauses before each claim, up to MAX_PAUSE seconds.
+    "PRESSURE": None,
     # Tests only: run each job as soon as its enqueue commits, in the enqueuing process, as
     # ``django_dbqueue.testing.run_jobs`` runs it (docs/howto/testing.md); never in production.
     "IMMEDIATE": False,

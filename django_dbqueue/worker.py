@@ -30,6 +30,7 @@ from .models import CANCEL_HARD, Job
 from .operations import restart_marker
 from .outcomes import Outages, Outcomes, asked_for, ending
 from .pool import Executor, Pool, Run
+from .pressure import Pressure
 from .ticker import Ticker
 
 logger = logging.getLogger("django_dbqueue")
@@ -111,6 +112,7 @@ class Worker:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._listener = Listener.configured()
+        self.pressure = Pressure.configured(self.worker_id)
         # Written into the worker's row and the history by the heartbeat.
         self.stats = workers.Stats()
         self.history = history.Recorder()
@@ -204,6 +206,7 @@ class Worker:
         executor, options = self.executor, self.options
         stopping: tuple[StopReason, float] | None = None  # the stop condition seen, and since when
         next_claim = 0.0  # no claim before then: the queue was found empty
+        held = 0.0  # nor before then: the database is under pressure (pressure.py)
         finished = False
         while True:
             stuck, next_look = executor.check_deadlines()
@@ -233,11 +236,13 @@ class Worker:
                     self.wait(options.rest)
                 continue
             want = self._claim_size()
-            if want > 0 and time.monotonic() >= next_claim:
+            if want > 0 and time.monotonic() >= max(next_claim, held):
                 jobs = self.reserve(want)
                 executor.claimed(want, len(jobs))
                 if jobs:
                     self._submit(jobs)
+                    if self.pressure is not None:
+                        held = time.monotonic() + self.pressure.pause  # a NOTIFY does not cut it short
                     continue
                 if self.outages.claim_errors:
                     continue  # its backoff was waited: not an empty queue
@@ -249,7 +254,7 @@ class Worker:
             if self.outcomes.delete_due() == 0:
                 self.outcomes.finish_done()
             # Until a job ends, a deadline, a signal; after an empty claim, a NOTIFY or --sleep.
-            claim_in = next_claim - time.monotonic() if want > 0 else None
+            claim_in = max(next_claim, held) - time.monotonic() if want > 0 else None
             if self._wait_for_outcomes(next_look, claim_in, listen=claim_in is not None):
                 next_claim = 0.0
 
@@ -316,23 +321,11 @@ class Worker:
             return StopReason.ONCE
         if self.options.stop_when_empty:
             return StopReason.EMPTY
-        if self.options.until_done and self._done():
+        if self.options.until_done and claims.holds_nothing(self.options.queues, alias()):
             return StopReason.DONE
         self._prune()
         self.wait(self._sleep(), listen=True)
         return None
-
-    def _done(self) -> bool:
-        """For ``until_done``: whether this worker's queues hold no job, but those of a paused
-        queue that nobody holds (no worker claims them until it is resumed)."""
-        rows = Job.objects.filter(queue__in=self.options.queues)
-        try:
-            paused = claims.paused(alias())
-            if paused:
-                rows = rows.exclude(reserved_at__isnull=True, queue__in=paused)
-            return not rows.exists()
-        except DatabaseError:
-            return False  # the next claim reports it
 
     def _require_tables(self, *, at_start: bool = False, migrations: bool = False) -> None:
         """Stop with ``schema.NotMigrated`` if the queue's database lacks the app's tables (with
@@ -355,6 +348,7 @@ class Worker:
         """Delete the jobs that succeeded and claim up to ``limit`` more, in one statement where
         the database allows; on a database error, log, wait and return none."""
         done = self.outcomes.take_done()
+        started = time.monotonic()
         try:
             if self.outages.claim_errors:
                 self.outages.release_lost_claims()
@@ -376,6 +370,8 @@ class Worker:
             self.outcomes.finish_done(tried=True)
             return []
         self.outages.claim_errors = 0
+        if self.pressure is not None:
+            self.pressure.claimed(time.monotonic() - started)
         self.outcomes.report_done(done, deleted)
         if not jobs and self._flow_switched():
             # The plain claim gave back jobs with limits: the flow claim takes them now.
@@ -522,6 +518,8 @@ class Worker:
             words[:0] = [f"threads={threads}", f"async={options.async_concurrency}"]
         if options.autoscale is not None:
             words.insert(0, f"autoscale={options.autoscale}")
+        if self.pressure is not None and self.pressure.pause:
+            words.append(self.pressure.text())
         if options.parent_pid is not None:
             words.append(f"supervisor={options.parent_pid}")
         return " ".join(words)

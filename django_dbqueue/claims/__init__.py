@@ -192,6 +192,18 @@ _paused_lock = threading.Lock()
 _paused_generation = 0
 
 
+def holds_nothing(queues: Sequence[str], using: str) -> bool:
+    """Tell whether ``queues`` hold no job, but those of a paused queue that nobody holds (no
+    worker claims them until it is resumed): ``queue_work --until-done``; False on a database error."""
+    rows = Job.objects.using(using).filter(queue__in=queues)
+    try:
+        if stopped := paused(using):
+            rows = rows.exclude(reserved_at__isnull=True, queue__in=stopped)
+        return not rows.exists()
+    except DatabaseError:
+        return False  # the next claim reports it
+
+
 def paused(using: str) -> frozenset[str]:
     """The paused queues of database ``using``, as read at most ``PAUSE_CHECK`` seconds ago."""
     now = time.monotonic()
