@@ -137,6 +137,31 @@ def drop_connection(using: str | None = None) -> None:
         connection.connection = None
 
 
+# Seconds the oldest open transaction has run: on PostgreSQL, of the sessions of this database that
+# hold a snapshot or an xid (the horizon below which vacuum may not remove the rows of finished
+# jobs); on MariaDB and MySQL, of the server's InnoDB transactions (purge is server-wide).
+_OLDEST_TRANSACTION_SQL = {
+    "postgresql": "SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)",
+    "mysql": "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(trx_started), NOW(6)) / 1e6 FROM information_schema.INNODB_TRX "
+    "WHERE trx_mysql_thread_id <> CONNECTION_ID()",
+}
+
+
+def oldest_transaction_seconds(using: str | None = None) -> float | None:
+    """Seconds the oldest transaction open on the queue's database server has run (see
+    ``_OLDEST_TRANSACTION_SQL``); None when there is none, or on SQLite, whose readers hold nothing back."""
+    connection = connections[using or alias()]
+    sql = _OLDEST_TRANSACTION_SQL.get(connection.vendor)
+    if sql is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        row = cursor.fetchone()
+    return float(row[0]) if row and row[0] is not None else None
+
+
 def pool_size(connection: Any) -> int | None:
     """The most connections Django's pool (``OPTIONS["pool"]``, PostgreSQL) opens per process;
     None without one. psycopg_pool's own defaults: ``min_size`` 4, ``max_size`` = ``min_size``."""

@@ -3,7 +3,9 @@
 The checks, in order: the queue's databases answer ``SELECT 1`` (else the status is *unknown*);
 the app's tables and latest migration are there (else *unhealthy*: run ``manage.py migrate
 django_dbqueue``); enough live workers (of a host, or of any); no queue that is not paused holds more than
-``max_depth`` waiting jobs or one waiting longer than ``max_age``. The status is the worst of them.
+``max_depth`` waiting jobs or one waiting longer than ``max_age``; no transaction open on the server
+for longer than ``max_transaction_age`` (while one is, vacuum cannot remove the rows of finished jobs
+and every claim reads past them). The status is the worst of them.
 A database error is named by its driver's first line on the command line and by its class alone in
 the view: the driver's text names hosts, ports and users, which a token holder has no need to learn.
 """
@@ -21,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
 from . import operations, schema, workers
-from .db import alias
+from .db import alias, oldest_transaction_seconds
 from .management import options
 from .metrics import HEALTH_PERMISSIONS, no_store, refusal, refused
 from .models import QueueWorker
@@ -78,6 +80,8 @@ class Thresholds:
     max_age: float | None = None
     # The queues to judge; None: every queue with jobs.
     queues: Sequence[str] | None = None
+    # Most seconds a transaction may stay open on the queue's database server.
+    max_transaction_age: float | None = None
 
 
 def this_host() -> str:
@@ -132,6 +136,19 @@ def check_queues(max_depth: int | None, max_age: float | None, queues: Sequence[
     return [Finding("queues", Status.HEALTHY, f"no queue over {' or '.join(limits)}")]
 
 
+def check_transactions(max_age: float) -> Finding:
+    age = oldest_transaction_seconds()
+    if age is not None and age > max_age:
+        return Finding(
+            "transactions",
+            Status.UNHEALTHY,
+            f"a transaction has been open for {age:.0f} s (max {max_age:g} s): until it ends, vacuum cannot "
+            "remove the rows of finished jobs and claims slow down (PostgreSQL's "
+            "idle_in_transaction_session_timeout ends sessions left idle in one)",
+        )
+    return Finding("transactions", Status.HEALTHY, f"no transaction open longer than {max_age:g} s")
+
+
 def _jobs(count: int, what: str) -> str:
     return f"{count} {what}{'' if count == 1 else 's'}"
 
@@ -152,6 +169,8 @@ def probe(thresholds: Thresholds, *, details: bool = True) -> Report:
             findings.append(check_workers(thresholds.workers, thresholds.host))
         if thresholds.max_depth is not None or thresholds.max_age is not None:
             findings.extend(check_queues(thresholds.max_depth, thresholds.max_age, thresholds.queues))
+        if thresholds.max_transaction_age is not None:
+            findings.append(check_transactions(thresholds.max_transaction_age))
     except DatabaseError as exc:
         # Reachable, but the tables cannot be read (not migrated, no privilege, a lost connection).
         findings.append(
@@ -161,7 +180,7 @@ def probe(thresholds: Thresholds, *, details: bool = True) -> Report:
 
 
 def thresholds_from(query: Any) -> Thresholds:
-    """Read ``?workers=&host=&max_depth=&max_age=&queue=`` (``queue`` repeated or comma-separated);
+    """Read ``?workers=&host=&max_depth=&max_age=&max_transaction_age=&queue=`` (``queue`` repeated or comma-separated);
     raise ``argparse.ArgumentTypeError`` naming a bad value."""
 
     def one(name: str, parse: Any, default: Any, text: str | None = None) -> Any:
@@ -181,6 +200,7 @@ def thresholds_from(query: Any) -> Thresholds:
         max_depth=one("max_depth", options.whole_number(0), None),
         max_age=one("max_age", options.seconds(0), None),
         queues=queues or None,
+        max_transaction_age=one("max_transaction_age", options.seconds(0), None),
     )
 
 

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 from django.test import Client, override_settings
 from django.urls import include, path, reverse
@@ -307,3 +313,54 @@ def test_the_view_names_a_database_error_by_its_class_and_the_command_by_its_tex
     monkeypatch.setattr(health, "check_workers", missing)
     response = user_client("view_job").get(url())
     assert response.json()["reason"] == "unknown: the queue's tables cannot be read: ProgrammingError"
+
+
+# -- transactions left open ------------------------------------------------------
+
+
+@contextmanager
+def transaction_left_open() -> Iterator[None]:
+    """A session of another thread that holds a transaction open (a snapshot and a write) until the block ends."""
+    opened, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                QueueWorker.objects.create(
+                    worker_id="open",
+                    hostname="h",
+                    pid=1,
+                    queues="q",
+                    started_at=timezone.now(),
+                    last_seen_at=timezone.now(),
+                )
+                opened.set()
+                done.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert opened.wait(10)
+        yield
+    finally:
+        done.set()
+        thread.join(30)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's readers hold nothing back: nothing to judge")
+def test_a_transaction_left_open_longer_than_max_transaction_age_is_unhealthy():
+    add_worker("w1")
+    with transaction_left_open():
+        time.sleep(1.2)  # and past InnoDB's cache of its transactions (0.1 s)
+        code, line = probe("--max-transaction-age", "0.5")
+        assert code == 1
+        assert re.search(r"unhealthy: a transaction has been open for \d+ s \(max 0.5 s\): until it ends, vacuum", line)
+        assert probe("--max-transaction-age", "60")[0] == 0
+        response = user_client("view_job").get(url(max_transaction_age="0.5"))
+        assert response.status_code == 503 and response.json()["checks"][-1]["check"] == "transactions"
+    time.sleep(0.3)
+    code, line = probe("--max-transaction-age", "0.5")
+    assert code == 0 and line.endswith("; no transaction open longer than 0.5 s")

@@ -10,7 +10,8 @@ from django_dbqueue.management.base import QueueCommand
 class Command(QueueCommand):
     help = (
         "Check that the queue's database answers, that this host runs live workers, and (with "
-        "--max-depth or --max-age) that no queue is falling behind. Print one line and exit 0 when "
+        "--max-depth or --max-age) that no queue is falling behind, or (--max-transaction-age) held back by "
+        "a transaction left open. Print one line and exit 0 when "
         "healthy, 1 when unhealthy, 2 when it cannot be told (the database cannot be read, or bad options)."
     )
     # A probe runs every few seconds: no system checks, only the database's answer.
@@ -44,13 +45,25 @@ class Command(QueueCommand):
             metavar="SECONDS",
             help="Unhealthy when a queue's oldest waiting job has waited longer (default: no limit).",
         )
+        parser.add_argument(
+            "--max-transaction-age",
+            type=options.seconds(0),
+            metavar="SECONDS",
+            help="Unhealthy when a transaction has been open longer on the queue's database server: "
+            "meanwhile vacuum cannot remove finished jobs' rows and claims slow down (default: no limit).",
+        )
         self.add_queue(
             parser, "Queues that --max-depth and --max-age judge (default: every queue with jobs).", many=True
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         host = None if opts["any_host"] else opts["host"]
-        limits = {"max_depth": opts["max_depth"], "max_age": opts["max_age"], "queues": opts["queue"]}
+        limits = {
+            "max_depth": opts["max_depth"],
+            "max_age": opts["max_age"],
+            "queues": opts["queue"],
+            "max_transaction_age": opts["max_transaction_age"],
+        }
         report = health.probe(health.Thresholds(workers=opts["workers"], host=host, **limits))
         if report.status != health.Status.HEALTHY:
             raise CommandError(report.reason, returncode=int(report.status))
