@@ -460,7 +460,7 @@ def check_worker_connections(processes: int, threads: int, async_slots: int) -> 
         per_process = bound
     else:
         what = (
-            f"--threads {threads} while their jobs use the ORM, the worker's own, its heartbeat's, the listener's, "
+            f"{threads} job thread(s) while their jobs use the ORM, the worker's own, its heartbeat's, the listener's, "
             f"progress, the ticker{', the async ORM thread' if async_slots else ''}"
         )
     needed = processes * per_process
