@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_dbqueue import get_workflow, job
+from django_dbqueue import JobContext, get_workflow, job
 
 from .models import Run
 
@@ -31,10 +31,17 @@ def add_up(key: str, results: dict[str, Any]) -> int:
     return total
 
 
-@job(tries=5, timeout=2, retry_after=3)
-def sturdy(key: str, value: Any = None, results: dict[str, Any] | None = None) -> Any:
-    """``node`` with tries to spare and a short lease: a killed worker's claim comes back within seconds."""
+def _record(key: str, results: dict[str, Any] | None) -> None:
     Run.objects.create(key=key, note=json.dumps(results, sort_keys=True, default=str), pid=os.getpid())
+
+
+@job(takes_context=True, tries=5, timeout=2, retry_after=3)
+def sturdy(context: JobContext, key: str, value: Any = None, results: dict[str, Any] | None = None) -> Any:
+    """``node`` with tries to spare and a short lease: a killed worker's claim comes back within seconds.
+
+    Its run is recorded in a durable step: a worker killed after the job's write committed and before
+    its outcome did would otherwise run it again (at-least-once); the step makes the write once."""
+    context.step("run", _record, key, results)
     return value
 
 
