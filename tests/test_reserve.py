@@ -302,3 +302,91 @@ def test_a_queue_claims_with_the_statement_its_claims_measured_faster_and_probes
         assert pick.probe_at > time.monotonic() + claims.plain.PROBE_EVERY / 2
         claims.plain.timed("default", True, 0.0)
         assert claims.plain.walks("default") is walks_after
+
+
+def _claimed(priority: int, *offsets: int) -> list[Job]:
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    return [Job(priority=priority, available_at=at + dt.timedelta(seconds=offset)) for offset in offsets]
+
+
+def test_slow_full_claims_make_the_next_start_from_where_the_last_began(monkeypatch):
+    plain = claims.plain
+    monkeypatch.setattr(plain, "_picks", {})
+    # Cheap full claims keep the full statement, even after a full claim of one priority.
+    plain.timed("default", plain.SCAN, plain.SLOW_CLAIM / 2)
+    plain.noted("default", _claimed(0, 1, 2, 3), 3)
+    assert plain.shape("default") == (plain.SCAN, None)
+    # Slow on average (a snapshot holds the dead head of the index): the next claims are bounded
+    # by where the last full claim began.
+    for _ in range(20):
+        plain.timed("default", plain.SCAN, plain.BOUNDED_AFTER * 4)
+    plain.noted("default", _claimed(0, 5, 6, 7), 3)
+    assert plain.shape("default") == (plain.FROM_BOUND, (0, _claimed(0, 5)[0].available_at))
+    # A bounded claim's time is not the full statements' average.
+    plain.timed("default", plain.FROM_BOUND, 0.0)
+    assert plain._picks["default"].slow()
+    plain.noted("default", _claimed(0, 8, 9, 10), 3)
+    assert plain.shape("default")[1] == (0, _claimed(0, 8)[0].available_at)
+    # Every FULL_EVERY seconds one claim is full (jobs behind the bound, higher priorities).
+    plain._picks["default"].full_at = 0.0
+    assert plain.shape("default") in ((plain.SCAN, None), (plain.WALK, None))
+    assert plain._picks["default"].full_at > time.monotonic() + plain.FULL_EVERY / 2
+    assert plain.shape("default")[0] == plain.FROM_BOUND
+    # A claim that came back short, or with two priorities, drops the bound.
+    plain.noted("default", _claimed(0, 11), 3)
+    assert plain.shape("default")[1] is None
+    plain.noted("default", _claimed(0, 12, 13, 14), 3)
+    assert plain.shape("default")[0] == plain.FROM_BOUND
+    plain.noted("default", [*_claimed(5, 1), *_claimed(0, 2, 3)], 3)
+    assert plain.shape("default")[1] is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement claim and its shapes are PostgreSQL's")
+def test_claims_under_an_old_snapshot_take_the_bounded_shape_and_still_claim_every_job_once(monkeypatch):
+    import psycopg
+
+    from django_dbqueue import enqueue_many
+
+    plain = claims.plain
+    monkeypatch.setattr(plain, "_picks", {})
+    monkeypatch.setattr(plain, "BOUNDED_AFTER", 0.0)  # any full claim counts as slow
+    monkeypatch.setattr(plain, "FULL_EVERY", 0.1)
+    shapes: list[int] = []
+    shape = plain.shape
+
+    def spied(queue: str) -> tuple[int, object]:
+        picked = shape(queue)
+        shapes.append(picked[0])
+        return picked
+
+    monkeypatch.setattr(plain, "shape", spied)
+    enqueue_many([jobs.add.bind(i, 0) for i in range(300)], handles=False)
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
+    ) as old:
+        old.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        old.execute("SELECT txid_current()")
+        claimed: list[int] = []
+        urgent = None
+        done: list[Job] = []
+        while True:
+            _, batch = claims.finish_and_reserve(done, ["default"], limit=10)
+            if not batch:
+                break
+            claimed += [job.pk for job in batch]
+            done = batch
+            if len(claimed) == 100:
+                # Behind the bound: a higher priority, and a time before every waiting job's.
+                urgent = jobs.add.using(priority=9).enqueue(0, 0)
+                late = jobs.add.enqueue(0, 1)
+                Job.objects.filter(pk=late.pk).update(available_at=F("available_at") - dt.timedelta(hours=1))
+                urgent_at = len(claimed)
+            time.sleep(0.02)
+        old.rollback()
+    assert plain.FROM_BOUND in shapes and plain.SCAN in shapes
+    assert len(claimed) == len(set(claimed)) == 302 and not Job.objects.filter(reserved_at__isnull=True).exists()
+    # The job of a higher priority waited for the next full claim (FULL_EVERY: 5 claims of 10 a
+    # 0.02 s apart, or fewer on a slow machine), not for the bounded claims' end.
+    assert urgent is not None and urgent_at <= claimed.index(urgent.pk) < urgent_at + 70

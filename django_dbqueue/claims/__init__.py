@@ -122,7 +122,7 @@ def finish_and_reserve(
         or (reactions := concerned(SUCCEEDED, done)) - {"batch_id", "node_id", "id"}
     ):
         return delete_many(done), more()
-    walk = plain.walks(queues[0])
+    walk, bound = plain.shape(queues[0])
     members = "batch_id" in reactions
     nodes = "node_id" in reactions
     kept = "id" in reactions
@@ -135,7 +135,7 @@ def finish_and_reserve(
             [job.pk for job in done],
             [job.attempts for job in done],
             *(finished.kept_params(done) if kept else ()),
-            *plain.claim_params(worker_id, queues[0], limit, walk=walk),
+            *plain.claim_params(worker_id, queues[0], limit, walk=walk, bound=bound),
         ]
         rows = plain.timed_claim(connection, queues[0], walk, sql, params)
         if members and rows[0][0]:
@@ -148,7 +148,8 @@ def finish_and_reserve(
         rows = [row[2:] for row in rows]
     rows = [row[1:] for row in rows] if members else rows
     deleted = set(rows[0][0])
-    jobs = plain_claimed(using, queues[0], plain.from_claim(using, [row[1:] for row in rows if row[1] is not None]))
+    claimed = plain.from_claim(using, [row[1:] for row in rows if row[1] is not None])
+    jobs = plain_claimed(using, queues[0], plain.bounded_rest(using, queues[0], limit, worker_id, walk, claimed))
     if not jobs:
         # The first queue is empty: the others (all if a batch finished: its callbacks came after).
         others = queues if ended else queues[1:]

@@ -10,6 +10,7 @@ import functools
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
+from datetime import datetime
 from typing import Any
 
 from django.db import DataError, IntegrityError, connections, transaction
@@ -46,14 +47,22 @@ def claim_plain(using: str, queue: str, limit: int, worker_id: str) -> list[Job]
 
 def _claim_returning(using: str, queue: str, limit: int, worker_id: str) -> list[Job]:
     """Claim in one statement (PostgreSQL); see ``claim_sql``."""
-    walk = walks(queue)
+    walk, bound = shape(queue)
     sql = claim_sql(connections[using], walk=walk, clear=clears_unique_keys(queue))
-    return from_claim(
-        using, timed_claim(connections[using], queue, walk, sql, claim_params(worker_id, queue, limit, walk=walk))
-    )
+    params = claim_params(worker_id, queue, limit, walk=walk, bound=bound)
+    jobs = from_claim(using, timed_claim(connections[using], queue, walk, sql, params))
+    return bounded_rest(using, queue, limit, worker_id, walk, jobs)
 
 
-def timed_claim(connection: Any, queue: str, walk: bool, sql: str, params: Sequence[Any]) -> list[Any]:
+def bounded_rest(using: str, queue: str, limit: int, worker_id: str, walk: int, jobs: list[Job]) -> list[Job]:
+    """``jobs``, claimed with ``walk``, and if a bounded claim came back short, a full claim's for the rest."""
+    noted(queue, jobs, limit)
+    if walk == FROM_BOUND and len(jobs) < limit:
+        jobs += _claim_returning(using, queue, limit - len(jobs), worker_id)
+    return jobs
+
+
+def timed_claim(connection: Any, queue: str, walk: int, sql: str, params: Sequence[Any]) -> list[Any]:
     """Run a claim statement of ``queue`` and return its rows, noting its time (``timed``)."""
     with bound_cursor(connection) as cursor:
         started = time.monotonic()
@@ -61,6 +70,13 @@ def timed_claim(connection: Any, queue: str, walk: bool, sql: str, params: Seque
         rows: list[Any] = cursor.fetchall()
         timed(queue, walk, time.monotonic() - started)
     return rows
+
+
+# The three shapes of the PostgreSQL claim (``claim_sql``'s ``walk``): one ordered scan of the
+# queue's waiting index, a walk of it priority by priority, or a scan of one priority from a lower
+# bound on ``available_at`` (``FROM_BOUND``, below).
+SCAN, WALK, FROM_BOUND = 0, 1, 2
+SHAPES = (SCAN, WALK, FROM_BOUND)
 
 
 # Which of the two PostgreSQL statements (``claim_sql``) a queue's claims use, per process: each
@@ -74,19 +90,40 @@ WEIGHT = 0.2
 PROBE_WEIGHT = 0.5
 
 
-class _Pick:
-    """The two statements' average times for one queue, and when to probe next."""
+# A claim under a snapshot older than the jobs claimed since (a transaction left open anywhere on
+# the server) reads the whole head of the waiting index: every job claimed since has left an entry
+# there that cannot be marked dead while that snapshot may see its row, so each claim is slower than
+# the last (44 ms after 200,000 claimed, docs/capacity.md). Once a queue's full claims average more
+# than BOUNDED_AFTER, and the last claim came back full with one priority, the next claims take only
+# that priority from where the last began (``available_at >= bound``): one index descent past the
+# dead head. A full claim still runs every FULL_EVERY seconds and whenever a bounded one comes back
+# short, so a job behind the bound (reclaimed, released to an earlier time, enqueued with a past
+# ``available_at``) or of a higher priority waits at most that long.
+BOUNDED_AFTER = 0.005
+FULL_EVERY = 1.0
 
-    __slots__ = ("probe_at", "probing", "scan", "walk")
+
+class _Pick:
+    """The two full statements' average times for one queue, when to probe next, and the bound."""
+
+    __slots__ = ("bound", "full_at", "probe_at", "probing", "scan", "walk")
 
     def __init__(self) -> None:
         self.scan: float | None = None
         self.walk: float | None = None
         self.probe_at = time.monotonic() + PROBE_EVERY
         self.probing = False
+        # (priority, available_at) the next claims start from, and when the next full claim is due.
+        self.bound: tuple[int, datetime] | None = None
+        self.full_at = 0.0
 
     def faster_is_walk(self) -> bool:
         return self.scan is not None and self.walk is not None and self.walk < self.scan
+
+    def slow(self) -> bool:
+        """Tell whether the faster full statement averages more than BOUNDED_AFTER."""
+        known = [average for average in (self.scan, self.walk) if average is not None]
+        return bool(known) and min(known) > BOUNDED_AFTER
 
 
 _picks: dict[str, _Pick] = {}
@@ -108,8 +145,35 @@ def walks(queue: str) -> bool:
     return pick.faster_is_walk()
 
 
-def timed(queue: str, walk: bool, seconds: float) -> None:
-    """Note how long a plain claim of ``queue`` took, with the walk or the one scan."""
+def shape(queue: str) -> tuple[int, tuple[int, datetime] | None]:
+    """The shape of the next plain claim of ``queue`` (``SCAN``, ``WALK`` or ``FROM_BOUND``) and its bound."""
+    pick = _picks.get(queue)
+    if pick is not None and pick.bound is not None:
+        now = time.monotonic()
+        if now < pick.full_at:
+            return FROM_BOUND, pick.bound
+        pick.full_at = now + FULL_EVERY
+    return (WALK if walks(queue) else SCAN), None
+
+
+def noted(queue: str, jobs: Sequence[Job], limit: int) -> None:
+    """Keep or drop the bound of ``queue``'s next claims after one that claimed ``jobs`` (sorted)."""
+    pick = _picks.get(queue)
+    if pick is None:
+        return
+    if len(jobs) < limit or jobs[0].priority != jobs[-1].priority or not pick.slow():
+        pick.bound = None
+        return
+    if pick.bound is None:
+        pick.full_at = time.monotonic() + FULL_EVERY
+    pick.bound = (jobs[0].priority, jobs[0].available_at)
+
+
+def timed(queue: str, walk: int, seconds: float) -> None:
+    """Note how long a full plain claim of ``queue`` took, with the walk or the one scan (a bounded
+    claim's time is not an average's: its cost says nothing of the full statements')."""
+    if walk == FROM_BOUND:
+        return
     pick = _picks.get(queue)
     if pick is None:
         pick = _picks[queue] = _Pick()
@@ -122,10 +186,15 @@ def timed(queue: str, walk: bool, seconds: float) -> None:
         pick.scan = seconds
 
 
-def claim_params(worker_id: str, queue: str, limit: int, *, walk: bool = False) -> list[Any]:
-    """The parameters of ``claim_sql``, in order."""
-    if walk:
+def claim_params(
+    worker_id: str, queue: str, limit: int, *, walk: int = SCAN, bound: tuple[int, datetime] | None = None
+) -> list[Any]:
+    """The parameters of ``claim_sql``, in order (``bound``: ``FROM_BOUND``'s priority and time)."""
+    if walk == WALK:
         return [worker_id, queue, queue, queue, limit, limit]
+    if walk == FROM_BOUND:
+        assert bound is not None
+        return [worker_id, queue, *bound, limit]
     return [worker_id, queue, limit]
 
 
@@ -217,12 +286,13 @@ def reserve_one(using: str, job: Job, worker_id: str) -> bool:
     return bool(updated)
 
 
-def claim_sql(connection: Any, *, walk: bool = False, clear: bool = True) -> str:
+def claim_sql(connection: Any, *, walk: int = SCAN, clear: bool = True) -> str:
     """The one-statement claim for PostgreSQL (parameters: ``claim_params``).
 
-    It reads the queue's waiting index in one ordered scan, or, with ``walk``, priority by
-    priority (a recursive query, one index descent per priority), never reading rows delayed to
-    later. With ``clear`` it frees the ``unique_key`` of ``unique_until_start`` rows.
+    It reads the queue's waiting index in one ordered scan, or, with ``walk=WALK`` (or True),
+    priority by priority (a recursive query, one index descent per priority), never reading rows
+    delayed to later; ``walk=FROM_BOUND`` scans one priority from a time on. With ``clear`` it frees
+    the ``unique_key`` of ``unique_until_start`` rows.
     """
     return _CLAIM_SQL[walk, clear](connection)
 
@@ -232,6 +302,14 @@ def _scan_candidates(n: dict[str, str]) -> str:
         f"SELECT {n['id']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']} "
         f"AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
         f"ORDER BY {n['priority']} DESC, {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
+
+
+def _bounded_candidates(n: dict[str, str]) -> str:
+    return (
+        f"SELECT {n['id']} FROM {n['table']} WHERE {n['queue']} = %s AND {n['waiting']} "
+        f"AND {n['priority']} = %s AND {n['available_at']} >= %s AND {n['available_at']} <= STATEMENT_TIMESTAMP() "
+        f"ORDER BY {n['available_at']}, {n['id']} LIMIT %s FOR UPDATE SKIP LOCKED"
     )
 
 
@@ -250,9 +328,9 @@ def _walk_candidates(n: dict[str, str]) -> str:
     )
 
 
-def _claim_update(connection: Any, *, walk: bool, clear: bool) -> str:
+def _claim_update(connection: Any, *, walk: int, clear: bool) -> str:
     """The claim's UPDATE of the rows the scan or the walk selects, returning them."""
-    candidates = _walk_candidates if walk else _scan_candidates
+    candidates = {SCAN: _scan_candidates, WALK: _walk_candidates, FROM_BOUND: _bounded_candidates}[walk]
     fields: tuple[str, ...] = ("id", "queue", "priority", "available_at", "reserved_at", "reserved_by", "attempts")
     fields += ("blocked", "unique_key", "unique_until_start")
     table, *columns = sql_names(connection, *fields)
@@ -272,13 +350,13 @@ def _claim_update(connection: Any, *, walk: bool, clear: bool) -> str:
 
 _CLAIM_SQL = {
     (walk, clear): cached_sql(functools.partial(_claim_update, walk=walk, clear=clear))
-    for walk in (False, True)
+    for walk in SHAPES
     for clear in (False, True)
 }
 
 
 def finish_and_claim_sql(
-    connection: Any, walk: bool, clear: bool, members: bool, nodes: bool = False, kept: bool = False
+    connection: Any, walk: int, clear: bool, members: bool, nodes: bool = False, kept: bool = False
 ) -> str:
     """PostgreSQL: ``lifecycle.changes.delete_sql`` and ``claim_sql`` in one statement.
 
@@ -296,7 +374,7 @@ def finish_and_claim_sql(
 
 
 def _finish_and_claim(
-    connection: Any, *, walk: bool, clear: bool, members: bool, nodes: bool = False, kept: bool = False
+    connection: Any, *, walk: int, clear: bool, members: bool, nodes: bool = False, kept: bool = False
 ) -> str:
     claim = claim_sql(connection, walk=walk, clear=clear)
     if kept:  # the history of finished jobs: its rows written from the DELETE's
@@ -336,17 +414,17 @@ def _finish_and_claim(
 
 _FINISH_AND_RELEASE_SQL = {
     (walk, clear): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=False, nodes=True))
-    for walk in (False, True)
+    for walk in SHAPES
     for clear in (False, True)
 }
 _FINISH_KEEP_AND_CLAIM_SQL = {
     (walk, clear): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=False, kept=True))
-    for walk in (False, True)
+    for walk in SHAPES
     for clear in (False, True)
 }
 _FINISH_AND_CLAIM_SQL = {
     (walk, clear, members): cached_sql(functools.partial(_finish_and_claim, walk=walk, clear=clear, members=members))
-    for walk in (False, True)
+    for walk in SHAPES
     for clear in (False, True)
     for members in (False, True)
 }
