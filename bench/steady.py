@@ -39,10 +39,11 @@ benchmark-only dependency, not one of the package's (bench/steady_plot.py draws 
    below which vacuum may remove dead rows), stays idle --idle-for seconds, then rolls back.
 4. Sampling, every --sample-every seconds, one CSV row (bench/results/steady-<UTC>.csv):
    the claim's time seen by a probe that runs the real claim statement (``claim_sql`` /
-   ``claim_params`` of django_dbqueue.claims.plain, the scan form, in a transaction rolled back,
+   ``claim_params`` of django_dbqueue.claims.plain, in the shape a worker would take now:
+   ``shape``, so bounded while claims are slow, docs/flow.md; in a transaction rolled back,
    so it claims nothing) every --probe-every seconds, p50/p99/max of the interval, only the
-   statement timed; the server's own execution time of one claim (bench/drivers/dbqueue.py's
-   ``explain_claim``, EXPLAIN ANALYZE rolled back) per sample; enqueue -> start p50/p99 of the
+   statement timed; the server's own execution time of one full claim, the scan form
+   (bench/drivers/dbqueue.py's ``explain_claim``, EXPLAIN ANALYZE rolled back) per sample; enqueue -> start p50/p99 of the
    latency jobs that started in the interval; jobs enqueued and processed per second; waiting,
    delayed and reserved jobs; ``pg_stat_user_tables`` live and dead tuples and (auto)vacuum
    counts of dbqueue_job and dbqueue_failed_job; ``pg_relation_size`` of dbqueue_job and of each
@@ -321,28 +322,31 @@ class Vacuums(threading.Thread):
 
 
 class Probe:
-    """The real claim statement, timed alone, in a transaction that is rolled back."""
+    """The real claim, timed alone, in a transaction that is rolled back: the statement a worker's
+    claim would take now (``claims.plain.shape``: the one scan, the walk, or, while claims are slow,
+    the bounded scan with a full one every second), fed back as a worker's claims are."""
 
     def __init__(self) -> None:
-        from django.db import connection
-
-        from django_dbqueue.claims.plain import claim_params, claim_sql, clears_unique_keys
-
-        self.sql = claim_sql(connection, clear=clears_unique_keys(QUEUE))
-        self.params = claim_params(PROBE_WORKER, QUEUE, 1)
         self.times: list[tuple[float, float]] = []  # (seconds into the phase, ms)
 
     def run(self, t: float) -> None:
         from django.db import connection, transaction
 
+        from django_dbqueue.claims import plain
+
+        walk, bound = plain.shape(QUEUE)
+        sql = plain.claim_sql(connection, walk=walk, clear=plain.clears_unique_keys(QUEUE))
+        params = plain.claim_params(PROBE_WORKER, QUEUE, 1, walk=walk, bound=bound)
         with transaction.atomic(), connection.cursor() as cursor:
             # Opens the transaction (BEGIN goes with it), so only the claim is timed.
             cursor.execute("SET LOCAL statement_timeout = '10s'")
             started = time.perf_counter()
-            cursor.execute(self.sql, self.params)
-            cursor.fetchall()
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
             elapsed = time.perf_counter() - started
             transaction.set_rollback(True)
+        plain.timed(QUEUE, walk, elapsed)
+        plain.noted(QUEUE, plain.from_claim(connection.alias, rows), 1)
         self.times.append((t, elapsed * 1000))
 
 

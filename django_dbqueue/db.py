@@ -9,7 +9,7 @@ import re
 import select
 import socket
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.models.functions import Now
@@ -137,20 +137,36 @@ def drop_connection(using: str | None = None) -> None:
         connection.connection = None
 
 
-# Seconds the oldest open transaction has run: on PostgreSQL, of the sessions of this database that
-# hold a snapshot or an xid (the horizon below which vacuum may not remove the rows of finished
-# jobs); on MariaDB and MySQL, of the server's InnoDB transactions (purge is server-wide).
+# The oldest open transaction: on PostgreSQL, of the sessions of this database that hold a snapshot
+# or an xid (the horizon below which vacuum may not remove the rows of finished jobs); on MariaDB and
+# MySQL, of the server's InnoDB transactions (purge is server-wide). Its age in seconds, its
+# session (backend pid, connection id) and who opened it (application_name; user@host).
 _OLDEST_TRANSACTION_SQL = {
-    "postgresql": "SELECT EXTRACT(EPOCH FROM max(clock_timestamp() - xact_start)) FROM pg_stat_activity "
-    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-    "AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)",
-    "mysql": "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(trx_started), NOW(6)) / 1e6 FROM information_schema.INNODB_TRX "
-    "WHERE trx_mysql_thread_id <> CONNECTION_ID()",
+    "postgresql": "SELECT EXTRACT(EPOCH FROM clock_timestamp() - xact_start), pid, application_name, state "
+    "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) ORDER BY xact_start LIMIT 1",
+    "mysql": "SELECT TIMESTAMPDIFF(MICROSECOND, trx_started, NOW(6)) / 1e6, trx_mysql_thread_id, "
+    "CONCAT(p.USER, '@', p.HOST), p.COMMAND FROM information_schema.INNODB_TRX "
+    "LEFT JOIN information_schema.PROCESSLIST AS p ON p.ID = trx_mysql_thread_id "
+    "WHERE trx_mysql_thread_id <> CONNECTION_ID() ORDER BY trx_started LIMIT 1",
 }
 
 
-def oldest_transaction_seconds(using: str | None = None) -> float | None:
-    """Seconds the oldest transaction open on the queue's database server has run (see
+class OpenTransaction(NamedTuple):
+    """The oldest transaction open on the queue's database server (``oldest_transaction``)."""
+
+    seconds: float
+    session: int
+    application: str
+    state: str
+
+    def __str__(self) -> str:
+        who = f"application {self.application!r}, " if self.application else ""
+        return f"open for {self.seconds:.0f} s by session {self.session} ({who}{self.state or 'state unknown'})"
+
+
+def oldest_transaction(using: str | None = None) -> OpenTransaction | None:
+    """The oldest transaction open on the queue's database server but this session's (see
     ``_OLDEST_TRANSACTION_SQL``); None when there is none, or on SQLite, whose readers hold nothing back."""
     connection = connections[using or alias()]
     sql = _OLDEST_TRANSACTION_SQL.get(connection.vendor)
@@ -159,7 +175,15 @@ def oldest_transaction_seconds(using: str | None = None) -> float | None:
     with connection.cursor() as cursor:
         cursor.execute(sql)
         row = cursor.fetchone()
-    return float(row[0]) if row and row[0] is not None else None
+    if not row or row[0] is None:
+        return None
+    return OpenTransaction(float(row[0]), int(row[1]), row[2] or "", row[3] or "")
+
+
+def oldest_transaction_seconds(using: str | None = None) -> float | None:
+    """Seconds the oldest transaction open on the queue's database server has run (``oldest_transaction``)."""
+    oldest = oldest_transaction(using)
+    return oldest.seconds if oldest else None
 
 
 def pool_size(connection: Any) -> int | None:

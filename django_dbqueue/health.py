@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 
 from . import operations, schema, workers
-from .db import alias, oldest_transaction_seconds
+from .db import alias, oldest_transaction
 from .management import options
 from .metrics import HEALTH_PERMISSIONS, no_store, refusal, refused
 from .models import QueueWorker
@@ -137,12 +137,12 @@ def check_queues(max_depth: int | None, max_age: float | None, queues: Sequence[
 
 
 def check_transactions(max_age: float) -> Finding:
-    age = oldest_transaction_seconds()
-    if age is not None and age > max_age:
+    oldest = oldest_transaction()
+    if oldest is not None and oldest.seconds > max_age:
         return Finding(
             "transactions",
             Status.UNHEALTHY,
-            f"a transaction has been open for {age:.0f} s (max {max_age:g} s): until it ends, vacuum cannot "
+            f"a transaction has been {oldest}, max {max_age:g} s: until it ends, vacuum cannot "
             "remove the rows of finished jobs and claims slow down (PostgreSQL's "
             "idle_in_transaction_session_timeout ends sessions left idle in one)",
         )

@@ -343,13 +343,14 @@ def test_slow_full_claims_make_the_next_start_from_where_the_last_began(monkeypa
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement claim and its shapes are PostgreSQL's")
-def test_claims_under_an_old_snapshot_take_the_bounded_shape_and_still_claim_every_job_once(monkeypatch):
+def test_claims_under_an_old_snapshot_take_the_bounded_shape_and_still_claim_every_job_once(monkeypatch, caplog):
     import psycopg
 
     from django_dbqueue import enqueue_many
 
     plain = claims.plain
     monkeypatch.setattr(plain, "_picks", {})
+    monkeypatch.setattr(plain, "_warned", {})
     monkeypatch.setattr(plain, "BOUNDED_AFTER", 0.0)  # any full claim counts as slow
     monkeypatch.setattr(plain, "FULL_EVERY", 0.1)
     shapes: list[int] = []
@@ -368,6 +369,7 @@ def test_claims_under_an_old_snapshot_take_the_bounded_shape_and_still_claim_eve
     ) as old:
         old.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         old.execute("SELECT txid_current()")
+        session = old.info.backend_pid
         claimed: list[int] = []
         urgent = None
         done: list[Job] = []
@@ -390,3 +392,7 @@ def test_claims_under_an_old_snapshot_take_the_bounded_shape_and_still_claim_eve
     # The job of a higher priority waited for the next full claim (FULL_EVERY: 5 claims of 10 a
     # 0.02 s apart, or fewer on a slow machine), not for the bounded claims' end.
     assert urgent is not None and urgent_at <= claimed.index(urgent.pk) < urgent_at + 70
+    # The worker's log names the transaction that holds the dead rows, once.
+    warnings = [r.getMessage() for r in caplog.records if "start from where the last began" in r.getMessage()]
+    assert len(warnings) == 1
+    assert re.search(rf"; a transaction open for \d+ s by session {session} \(", warnings[0]), warnings

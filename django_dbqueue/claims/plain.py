@@ -7,20 +7,23 @@ PostgreSQL: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)``; Mari
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from django.db import DataError, IntegrityError, connections, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connections, transaction
 from django.db.models import Case, F, Value, When
 
 from .. import finished, validation
-from ..db import bound_cursor, cached_sql, caused_by_lost_connection, claims_with_skip_locked
+from ..db import bound_cursor, cached_sql, caused_by_lost_connection, claims_with_skip_locked, oldest_transaction
 from ..lifecycle.changes import delete_returning, delete_sql, move_aside
 from ..lifecycle.dependencies import RELEASE
 from ..models import DB_NOW, Job, JobBatch, JobQuerySet, sql_names
+
+logger = logging.getLogger("django_dbqueue")
 
 # Queues whose plain claims on PostgreSQL free the keys of jobs unique "until started" in the
 # statement: those a definition with that scope names, and any whose claim returned such a
@@ -56,7 +59,7 @@ def _claim_returning(using: str, queue: str, limit: int, worker_id: str) -> list
 
 def bounded_rest(using: str, queue: str, limit: int, worker_id: str, walk: int, jobs: list[Job]) -> list[Job]:
     """``jobs``, claimed with ``walk``, and if a bounded claim came back short, a full claim's for the rest."""
-    noted(queue, jobs, limit)
+    noted(queue, jobs, limit, using)
     if walk == FROM_BOUND and len(jobs) < limit:
         jobs += _claim_returning(using, queue, limit - len(jobs), worker_id)
     return jobs
@@ -156,7 +159,7 @@ def shape(queue: str) -> tuple[int, tuple[int, datetime] | None]:
     return (WALK if walks(queue) else SCAN), None
 
 
-def noted(queue: str, jobs: Sequence[Job], limit: int) -> None:
+def noted(queue: str, jobs: Sequence[Job], limit: int, using: str | None = None) -> None:
     """Keep or drop the bound of ``queue``'s next claims after one that claimed ``jobs`` (sorted)."""
     pick = _picks.get(queue)
     if pick is None:
@@ -166,7 +169,31 @@ def noted(queue: str, jobs: Sequence[Job], limit: int) -> None:
         return
     if pick.bound is None:
         pick.full_at = time.monotonic() + FULL_EVERY
+        if using is not None:
+            _warn_slow(using, queue, pick)
     pick.bound = (jobs[0].priority, jobs[0].available_at)
+
+
+# A process warns of a queue's slow claims at most once in WARN_EVERY seconds.
+WARN_EVERY = 60.0
+_warned: dict[str, float] = {}
+
+
+def _warn_slow(using: str, queue: str, pick: _Pick) -> None:
+    """Log that ``queue``'s claims are slow and name the oldest open transaction, the usual cause."""
+    now = time.monotonic()
+    if now < _warned.get(queue, 0.0):
+        return
+    _warned[queue] = now + WARN_EVERY
+    try:
+        oldest = oldest_transaction(using)
+    except DatabaseError:  # the jobs are claimed: a failed look must not lose them
+        oldest = None
+    cause = f"; a transaction {oldest} keeps the jobs finished since from vacuum" if oldest else ""
+    logger.warning(
+        "claims of queue=%s take %.1f ms%s: they start from where the last began until they are fast again",
+        queue, min(t for t in (pick.scan, pick.walk) if t is not None) * 1000, cause,
+    )  # fmt: skip
 
 
 def timed(queue: str, walk: int, seconds: float) -> None:
