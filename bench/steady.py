@@ -37,21 +37,22 @@ benchmark-only dependency, not one of the package's (bench/steady_plot.py draws 
 3. Idle in transaction: every --idle-every seconds a session runs ``BEGIN ISOLATION LEVEL
    REPEATABLE READ; SELECT txid_current()`` (a snapshot and an xid: both hold back the horizon
    below which vacuum may remove dead rows), stays idle --idle-for seconds, then rolls back.
-4. Sampling, every --sample-every seconds, one CSV row (bench/results/steady-<UTC>.csv):
-   the claim's time seen by a probe that runs the real claim statement (``claim_sql`` /
+4. Sampling, every --sample-every seconds, one CSV row (bench/results/steady-<UTC>.csv): the
+   claim's time seen by a probe that runs the real claim statement (``claim_sql`` /
    ``claim_params`` of django_dbqueue.claims.plain, in the shape a worker would take now:
-   ``shape``, so bounded while claims are slow, docs/flow.md; in a transaction rolled back,
-   so it claims nothing) every --probe-every seconds, p50/p99/max of the interval, only the
-   statement timed; the server's own execution time of one full claim, the scan form
-   (bench/drivers/dbqueue.py's ``explain_claim``, EXPLAIN ANALYZE rolled back) per sample; enqueue -> start p50/p99 of the
-   latency jobs that started in the interval; jobs enqueued and processed per second; waiting,
-   delayed and reserved jobs; ``pg_stat_user_tables`` live and dead tuples and (auto)vacuum
-   counts of dbqueue_job and dbqueue_failed_job; ``pg_relation_size`` of dbqueue_job and of each
-   of its indexes; ``pg_total_relation_size`` of dbqueue_failed_job and of the result store
-   (dbqueue_task_result); sessions idle in transaction and the age in xids of the oldest
-   snapshot or xid (``backend_xmin``/``backend_xid``). A line is printed every minute.
-   A probe's rolled-back UPDATE leaves one dead row version per probe (20 a second by default):
-   small beside the jobs' own, and counted in the dead tuples like any claim's.
+   ``shape``, so bounded while claims are slow, docs/flow.md; in a transaction rolled back, so it
+   claims nothing) every --probe-every seconds, p50/p99/max of the interval, only the statement
+   timed; the server's own execution time of one full claim, the scan form
+   (bench/drivers/dbqueue.py's ``explain_claim``, EXPLAIN ANALYZE rolled back) per sample;
+   enqueue -> start p50/p99 of the latency jobs that started in the interval; jobs enqueued and
+   processed per second; waiting, delayed and reserved jobs; ``pg_stat_user_tables`` live and
+   dead tuples and (auto)vacuum counts of dbqueue_job and dbqueue_failed_job;
+   ``pg_relation_size`` of dbqueue_job and of each of its indexes; ``pg_total_relation_size`` of
+   dbqueue_failed_job and of the result store (dbqueue_task_result); sessions idle in transaction
+   and the age in xids of the oldest snapshot or xid (``backend_xmin``/``backend_xid``). A line
+   is printed every minute. A probe's rolled-back UPDATE leaves one dead row version per probe
+   (20 a second by default): small beside the jobs' own, and counted in the dead tuples like any
+   claim's.
 5. The end: the producer stops, then the workers (SIGTERM, each finishes its job); every job
    enqueued in the steady phase must have succeeded (the workers' own count in
    ``dbqueue_history``), failed (a ``dbqueue_failed_job`` row) or still be in the table, not

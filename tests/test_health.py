@@ -357,7 +357,8 @@ def test_a_transaction_left_open_longer_than_max_transaction_age_is_unhealthy():
         time.sleep(1.2)  # and past InnoDB's cache of its transactions (0.1 s)
         code, line = probe("--max-transaction-age", "0.5")
         assert code == 1
-        assert re.search(r"unhealthy: a transaction has been open for \d+ s by session \d+ \(.*\), max 0.5 s: until it ends, vacuum", line)
+        opened = r"a transaction has been open for \d+ s by session \d+ \(.*\), max 0.5 s: until it ends, vacuum"
+        assert re.search(f"unhealthy: {opened}", line)
         assert probe("--max-transaction-age", "60")[0] == 0
         response = user_client("view_job").get(url(max_transaction_age="0.5"))
         assert response.status_code == 503 and response.json()["checks"][-1]["check"] == "transactions"
