@@ -16,6 +16,11 @@ Needs root (network namespaces), ``ip`` and ``socat``:
 
     .venv/bin/python -m bench.capacity --hosts 1 2 4 --processes 1 --kind noop --jobs 20000
     .venv/bin/python -m bench.capacity --hosts 1 2 4 --processes 1 --threads 32 --kind wait --seconds 10
+    .venv/bin/python -m bench.capacity --hosts 4 --threads 250 --kind wait --wait 1 --pgbouncer 6432
+
+With --pgbouncer the workers reach the server through that PgBouncer (transaction pooling) and
+poll instead of LISTENing (``DBQUEUE["LISTEN"] = False``, bench/settings.py's BENCH_LISTEN=0).
+Jobs in flight are the rows reserved, sampled with the connections.
 
 On one machine the hosts share its cores with the server: the run shows the method and where a
 small server bends, not what more machines would add; on real hosts run the same workers and
@@ -112,7 +117,8 @@ class Relay:
 
 
 class Sampler(threading.Thread):
-    """Every 20 ms: the server's connections to the bench database, and one claim probe."""
+    """Every 20 ms: the server's connections to the bench database, the jobs in flight (reserved
+    rows), and one claim probe."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -120,6 +126,7 @@ class Sampler(threading.Thread):
 
         self.probe = Probe()
         self.connections: list[int] = []
+        self.in_flight: list[int] = []
         self.done = threading.Event()
         self.emptied: float | None = None
 
@@ -129,11 +136,14 @@ class Sampler(threading.Thread):
         began = time.monotonic()
         with psycopg.connect(conninfo(DBNAME), autocommit=True) as conn:
             while not self.done.is_set():
-                count, empty = conn.execute(
-                    "SELECT count(*), NOT EXISTS (SELECT FROM dbqueue_job) FROM pg_stat_activity "
+                count, empty, running = conn.execute(
+                    "SELECT count(*), NOT EXISTS (SELECT FROM dbqueue_job), "
+                    "(SELECT count(*) FROM dbqueue_job WHERE reserved_at IS NOT NULL) FROM pg_stat_activity "
                     "WHERE datname = current_database()"
                 ).fetchone()
                 self.connections.append(int(count))
+                if not empty:
+                    self.in_flight.append(int(running))
                 if empty and self.emptied is None:
                     self.emptied = time.monotonic()
                 self.probe.run(time.monotonic() - began)
@@ -143,7 +153,9 @@ class Sampler(threading.Thread):
 
 def one_run(args: argparse.Namespace, hosts: list[Host], relays: list[Relay], jobs: int) -> dict[str, Any]:
     pg_recreate(DBNAME)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_WAIT_SECONDS": "0.05"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_WAIT_SECONDS": str(args.wait)}
+    if args.pgbouncer:
+        env["BENCH_LISTEN"] = "0"
     subprocess.run([sys.executable, "-c", FILL.format(kind=args.kind, jobs=jobs)], env=env, cwd=ROOT, check=True)
     with psycopg.connect(conninfo(DBNAME), autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
@@ -187,6 +199,8 @@ def one_run(args: argparse.Namespace, hosts: list[Host], relays: list[Relay], jo
         "db_cores": database_seconds / seconds,
         "machine_busy": busy,
         "connections": max(sampler.connections, default=0),
+        "in_flight_max": max(sampler.in_flight, default=0),
+        "in_flight_p50": percentile(sampler.in_flight, 50) if sampler.in_flight else 0,
         "claim_p50_ms": percentile(claims, 50),
         "claim_p99_ms": percentile(claims, 99),
     }
@@ -197,7 +211,8 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4], help="host counts (default: 1 2 4)")
     parser.add_argument("--processes", type=int, default=1, help="queue_work processes per host (default: 1)")
     parser.add_argument("--threads", type=int, default=1, help="--threads of each process (default: 1)")
-    parser.add_argument("--kind", choices=["noop", "wait"], default="noop", help="no-op jobs, or 50 ms sleeps")
+    parser.add_argument("--kind", choices=["noop", "wait"], default="noop", help="no-op jobs, or sleeps (--wait)")
+    parser.add_argument("--wait", type=float, default=0.05, help="seconds a wait job sleeps (default: 0.05)")
     parser.add_argument("--jobs", type=int, default=20_000, help="no-op jobs per run (default: 20000)")
     parser.add_argument("--seconds", type=float, default=10, help="wait jobs: about this long a run (default: 10)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; medians (default: 3)")
@@ -209,11 +224,11 @@ def main() -> None:
     django.setup()
     print(
         f"{'hosts':>5} {'procs':>5} {'thr':>4} {'jobs/s':>8} {'db cpu s/1k':>11} {'db cores':>8} "
-        f"{'busy':>5} {'conns':>5} {'claim p50':>9} {'p99 ms':>7}"
+        f"{'busy':>5} {'conns':>5} {'claim p50':>9} {'p99 ms':>7} {'in flight p50':>13} {'max':>5}"
     )
     for count in args.hosts:
         slots = count * args.processes * args.threads
-        jobs = args.jobs if args.kind == "noop" else int(slots / 0.05 * args.seconds)
+        jobs = args.jobs if args.kind == "noop" else int(slots / args.wait * args.seconds)
         hosts = [Host(("127.0.0.1", 5432)).start() for _ in range(count)]
         relays = [Relay(host, args.pgbouncer or 5432) for host in hosts]
         try:
@@ -227,7 +242,8 @@ def main() -> None:
         print(
             f"{count:>5} {args.processes:>5} {args.threads:>4} {median['jobs_per_s']:>8.0f} "
             f"{median['db_cpu_s_per_1000']:>11.3f} {median['db_cores']:>8.2f} {median['machine_busy']:>5.0%} "
-            f"{median['connections']:>5.0f} {median['claim_p50_ms']:>9.2f} {median['claim_p99_ms']:>7.2f}",
+            f"{median['connections']:>5.0f} {median['claim_p50_ms']:>9.2f} {median['claim_p99_ms']:>7.2f} "
+            f"{median['in_flight_p50']:>13.0f} {median['in_flight_max']:>5.0f}",
             flush=True,
         )
 

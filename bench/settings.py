@@ -75,6 +75,9 @@ if os.environ.get("BENCH_KEEP_FINISHED"):
 if os.environ.get("BENCH_HISTORY") == "0":
     # bench/observe_cost.py: workers count no runs (DBQUEUE["HISTORY"]).
     DBQUEUE["HISTORY"] = False
+if os.environ.get("BENCH_LISTEN") == "0":
+    # bench/capacity.py --pgbouncer: workers behind a transaction pooler poll (DBQUEUE["LISTEN"]).
+    DBQUEUE["LISTEN"] = False
 if os.environ.get("BENCH_PRESSURE"):
     # bench/pressure.py: workers back off the database (DBQUEUE["PRESSURE"], JSON).
     DBQUEUE["PRESSURE"] = json.loads(os.environ["BENCH_PRESSURE"])

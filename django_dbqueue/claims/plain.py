@@ -189,7 +189,10 @@ def _warn_slow(using: str, queue: str, pick: _Pick) -> None:
         oldest = oldest_transaction(using)
     except DatabaseError:  # the jobs are claimed: a failed look must not lose them
         oldest = None
-    cause = f"; a transaction {oldest} keeps the jobs finished since from vacuum" if oldest else ""
+    # One open for less than a second is another claim or a job's write, not a cause.
+    cause = (
+        f"; a transaction {oldest} keeps the jobs finished since from vacuum" if oldest and oldest.seconds >= 1 else ""
+    )
     logger.warning(
         "claims of queue=%s take %.1f ms%s: they start from where the last began until they are fast again",
         queue, min(t for t in (pick.scan, pick.walk) if t is not None) * 1000, cause,
