@@ -31,8 +31,8 @@ logger = logging.getLogger("django_dbqueue")
 
 
 class Inline:
-    """One slot: each job runs when ``collect`` is called; one that does not stop in time goes
-    to ``on_stuck(stuck, runs)`` from the timer's thread."""
+    """One slot: each job runs when ``collect`` is called, after ``before_run(job)``; one that does
+    not stop in time goes to ``on_stuck(stuck, runs)`` from the timer's thread."""
 
     capacity = 1
     draining = False
@@ -44,8 +44,10 @@ class Inline:
         worker_id: str,
         cancel_level: Callable[[Job], int],
         on_stuck: Callable[[Run, list[Run]], None],
+        before_run: Callable[[Job], None] = lambda job: None,
     ) -> None:
         self.defaults = defaults
+        self._before_run = before_run
         self.worker_id = worker_id
         self._cancel_level = cancel_level
         self._on_stuck = on_stuck
@@ -81,6 +83,7 @@ class Inline:
             return [(run.job, None) for run in self.abandon()]
         if not self.queued:
             return []
+        self._before_run(self.queued[0])
         job = self.current = self.queued.popleft()
         try:
             with progress.keep_writer():

@@ -275,8 +275,9 @@ class Outcomes:
         self.done: list[tuple[Job, Outcome]] = []
         self.records: dict[int, TaskResultRecord] = {}
         self.done_since = 0.0
-        # Recent average run time of a job (seconds), None before the first.
+        # Recent average run time of a job (seconds), None before the first; and per job name.
         self.average_run: float | None = None
+        self.run_by_name: dict[str, float] = {}
 
     def take_done(self) -> list[tuple[Job, Outcome]]:
         """The jobs that succeeded, for a claim that deletes them (``report_done`` after it);
@@ -290,6 +291,15 @@ class Outcomes:
         """Seconds until the waiting DELETE is due (0: now); None if no job waits for one."""
         return max(0.0, self.done_since + self.batch_window - time.monotonic()) if self.done else None
 
+    def before_run(self, job: Job) -> None:
+        """Delete the jobs that succeeded now if ``job``, about to run in the same thread, may end
+        after their DELETE is due (its name's recent average says so, or it has not run here yet):
+        a worker killed during a long job must not leave the quick ones before it to run again."""
+        if self.done:
+            expected = self.run_by_name.get(job.name)
+            if expected is None or time.monotonic() + expected > self.done_since + self.batch_window:
+                self.finish_done()
+
     def conclude(self, job: Job, outcome: Outcome, *, more: bool = False) -> None:
         """Store the outcome of a job that ran (or batch its DELETE while ``more`` jobs of its
         claim wait to run), then report it."""
@@ -297,6 +307,8 @@ class Outcomes:
             outcome = dataclasses.replace(outcome, status="released", delay=0, given_back=True, counts_exception=False)
         duration = job.ran_for = outcome.duration
         self.average_run = duration if self.average_run is None else 0.8 * self.average_run + 0.2 * duration
+        named = self.run_by_name.get(job.name)
+        self.run_by_name[job.name] = duration if named is None else 0.8 * named + 0.2 * duration
         status = outcome.status
         record = None
         if handles.keeps_result(job.name, job.payload):

@@ -94,6 +94,27 @@ def test_a_killed_workers_long_job_is_still_reclaimed_after_its_retry_after(work
     assert not Job.objects.exists() and not FailedJob.objects.exists()
 
 
+def test_quick_jobs_claimed_with_a_long_one_are_deleted_before_it_starts_so_a_kill_runs_none_again(worker_process):
+    jobs.record.enqueue("warm")  # a worker's first claim takes one job; later ones claim ahead
+    first = worker_process("--sleep", "0.05")
+    wait_until(lambda: not Job.objects.exists(), 30, "the first job never ran")
+    # One transaction: the next claim takes them all (a no-op-fast average claims up to --batch).
+    quick = [jobs.record.bind(f"q{i}") for i in range(8)]
+    enqueue_many([*quick, jobs.long_running.using(retry_after=2).bind("long", 30, again=0)])
+    wait_until(lambda: Attempt.objects.filter(key="long").exists(), 30, "the long job never started")
+    assert Run.objects.filter(key__startswith="q").count() == 8
+    # Claimed in the same claim as the long job, and deleted before it started.
+    assert list(Job.objects.values_list("name", flat=True)) == [jobs.long_running.name]
+    first.signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    second = worker_process("--sleep", "0.05")
+    wait_until(lambda: Run.objects.filter(key="long").exists(), 30, f"the long job never ran again:\n{second.output()}")
+    assert sorted(Run.objects.values_list("key", flat=True)) == sorted(["warm", "long", *(f"q{i}" for i in range(8))])
+    assert not Job.objects.exists() and not FailedJob.objects.exists()
+    second.signal(signal.SIGTERM)
+    assert second.wait(timeout=30) == 0
+
+
 # -- poison input in a real process ------------------------------------------------------------
 
 MODEL = '{"__dbq__": "model", "v": ["testapp.Order", %s]}'
