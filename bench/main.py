@@ -66,7 +66,7 @@ class Config:
     claim_in_front: int = 100_000  # BENCH_CLAIM_IN_FRONT
     claim_iterations: int = 200  # BENCH_CLAIM_ITERATIONS
     profile_jobs: int = 3000  # BENCH_PROFILE_JOBS
-    batch: int = 50  # BENCH_BATCH: extra queue_work --batch N drains of django-dbqueue (0: none; the default is 10)
+    batch: int = 10  # BENCH_BATCH: extra queue_work --batch N drains of django-dbqueue (0: none; the default is 50)
     alternating_rounds: int = 5  # BENCH_ALTERNATING_ROUNDS: enqueue rounds alternating with pgqueuer (0: none)
     bulk_calls: tuple[int, ...] = (10, 100, 1000, 50_000)  # BENCH_BULK_CALLS: enqueue_many call sizes, alternating
     bulk_calls_jobs: int = 20_000  # BENCH_BULK_CALLS_JOBS: jobs per round of those (at least one call)
