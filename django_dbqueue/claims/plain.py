@@ -164,7 +164,7 @@ def noted(queue: str, jobs: Sequence[Job], limit: int, using: str | None = None)
     pick = _picks.get(queue)
     if pick is None:
         return
-    if len(jobs) < limit or jobs[0].priority != jobs[-1].priority or not pick.slow():
+    if not jobs or len(jobs) < limit or jobs[0].priority != jobs[-1].priority or not pick.slow():
         pick.bound = None
         return
     if pick.bound is None:
