@@ -244,7 +244,10 @@ def rate_measures(times: list[float], rate: rates.Rate, seconds: float) -> dict[
 
 def assert_within_the_rate(times: list[float], rate: rates.Rate, seconds: float) -> dict[str, int]:
     """Starts over any span of T s are at most burst + N * T / period (rates.py), and the
-    total over the first ``seconds`` is within 10 % of N * seconds / period; return the measures."""
+    total over the first ``seconds`` is N * seconds / period, at most 10 % over and 20 % under;
+    return the measures. Under: a bucket holds ``burst`` tokens (0.1 s of 20/s), so a loaded
+    machine whose workers claim late loses the tokens beyond it (seen: 178 of 200 in 10 s on
+    MariaDB beside PostgreSQL's outage scenarios); over would be a broken limit."""
     measures = rate_measures(times, rate, seconds)
     over = {
         name: f"{count} > {rates.spent_ceiling(rate, float(name.split()[2]))}"
@@ -254,7 +257,9 @@ def assert_within_the_rate(times: list[float], rate: rates.Rate, seconds: float)
     assert not over, f"over {rate}: {over}; measured {measures}"
     expected = rate.per_second * seconds
     total = measures[f"total in {seconds:g} s"]
-    assert abs(total - expected) <= expected / 10, f"{total} starts in {seconds:g} s, expected {expected:g} +- 10 %"
+    assert expected * 0.8 <= total <= expected * 1.1, (
+        f"{total} starts in {seconds:g} s, expected {expected:g} -20/+10 %"
+    )
     return measures
 
 

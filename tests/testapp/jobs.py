@@ -76,6 +76,16 @@ def sleep_then_record(key: str, seconds: float) -> None:
 
 
 @job
+def record_when_allowed(key: str, timeout: float = 30) -> None:
+    """Run until the test creates the Run ``<key>-allow`` (polling), then record ``key``: a
+    running job that stays running for as long as the test reads it, however loaded the machine."""
+    deadline = time.monotonic() + timeout
+    while not Run.objects.filter(key=f"{key}-allow").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    Run.objects.create(key=key, pid=os.getpid())
+
+
+@job
 def touch_order(order: Order) -> None:
     Run.objects.create(key=f"order-{order.pk}", note=order.number)
 
