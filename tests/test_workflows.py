@@ -20,6 +20,7 @@ from django_dbqueue import (
     workflow,
 )
 from django_dbqueue.db import IdListener
+from django_dbqueue.lifecycle import dependencies
 from django_dbqueue.models import FailedJob, Job, NodeState, Workflow, WorkflowEdge, WorkflowNode
 from tests.conftest import run_worker, wait_until
 from tests.testapp import workflow_jobs as jobs
@@ -323,6 +324,54 @@ def test_releasing_a_fan_in_marks_each_parents_edge_once_and_the_child_runs_once
     assert Run.objects.get(key="sum").note == str(sum(range(30)))
     assert WorkflowEdge.objects.filter(done=True).count() == 30
     assert handle.refresh().state == WorkflowState.SUCCEEDED
+
+
+def fan(children: int):
+    wf = workflow("wide")
+    wf.add("root", jobs.node.bind("root"))
+    for i in range(children):
+        wf.add(f"n{i}", jobs.node.bind(f"n{i}"), after=["root"])
+    wf.add("sink", jobs.node.bind("sink"), after=[f"n{i}" for i in range(children)])
+    return wf
+
+
+@needs_postgresql
+def test_a_wide_fan_out_is_released_a_chunk_per_transaction_and_every_child_runs_once():
+    children = dependencies.FIRST_CHUNK * 3 + 7  # chunks of 500, 1,000, then the last 7
+    handle = fan(children).enqueue()
+    calls: list[tuple[str, object]] = []
+    with connection.execute_wrapper(
+        lambda execute, sql, params, many, context: (
+            calls.append((sql, params)) if "dbqueue_release_chunk(%s" in sql else None,
+            execute(sql, params, many, context),
+        )[1]
+    ):
+        run_worker(batch=1, max_jobs=1)  # the root: its claim statement released the first 500
+    assert Job.objects.filter(blocked=False).count() == children
+    assert [params[1] for _, params in calls] == [1000, 2000]  # the rest after its commit
+    assert WorkflowEdge.objects.filter(done=False, parent__name="root").count() == 0
+    run_worker()
+    assert Run.objects.filter(key__startswith="n").count() == children
+    assert set(Run.objects.values_list("key", flat=True)) == {"root", "sink", *(f"n{i}" for i in range(children))}
+    assert Run.objects.count() == children + 2, "a node ran twice"
+    assert handle.refresh().state == WorkflowState.SUCCEEDED
+
+
+@needs_postgresql
+def test_a_release_interrupted_between_two_chunks_is_finished_by_the_sweep():
+    children = dependencies.FIRST_CHUNK * 2
+    fan(children).enqueue()
+    root = WorkflowNode.objects.get(name="root")
+    Job.objects.filter(pk=root.job_id).delete()  # its job succeeded, its worker killed after the first chunk:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT racing, more FROM dbqueue_release_chunk(%s, %s)", [[root.pk], dependencies.FIRST_CHUNK])
+        assert cursor.fetchone() == (0, True)
+    assert Job.objects.filter(blocked=False).count() == dependencies.FIRST_CHUNK
+    assert lifecycle.sweep("default") >= 1
+    assert Job.objects.filter(blocked=False).count() == children
+    assert not WorkflowEdge.objects.filter(done=False, parent=root).exists()
+    run_worker()
+    assert Run.objects.filter(key__startswith="n").count() == children and Run.objects.filter(key="sink").exists()
 
 
 def test_a_workflow_survives_kill_9_of_its_workers_mid_graph_and_every_node_runs_once(worker_process, tmp_path):

@@ -143,9 +143,9 @@ def finish_and_reserve(
     ended = rows[0][0] if members else None
     if nodes:
         # Workflow nodes: their children were released in the statement; again if one may have raced.
-        released(using, rows[0][0], rows[0][1])
+        released(using, rows[0][0], rows[0][1], rows[0][2])
         ended = rows[0][0]
-        rows = [row[2:] for row in rows]
+        rows = [row[3:] for row in rows]
     rows = [row[1:] for row in rows] if members else rows
     deleted = set(rows[0][0])
     claimed = plain.from_claim(using, [row[1:] for row in rows if row[1] is not None])

@@ -20,7 +20,7 @@ from django.db.models import Case, F, Value, When
 from .. import finished, validation
 from ..db import bound_cursor, cached_sql, caused_by_lost_connection, claims_with_skip_locked, oldest_transaction
 from ..lifecycle.changes import delete_returning, delete_sql, move_aside
-from ..lifecycle.dependencies import RELEASE
+from ..lifecycle.dependencies import REPORT, REPORTED
 from ..models import DB_NOW, Job, JobBatch, JobQuerySet, sql_names
 
 logger = logging.getLogger("django_dbqueue")
@@ -392,7 +392,8 @@ def finish_and_claim_sql(
 
     Each row holds the array of deleted ids, then a claimed row's columns (NULLs when none was
     claimed). With ``members``, each batch's ``pending`` goes down by its members deleted, and
-    every row starts with the array of the batches that reached 0. With ``kept`` (neither of the
+    every row starts with the array of the batches that reached 0. With ``nodes``, it starts with the
+    workflow nodes succeeded, then ``dbqueue_release_chunk``'s racing and more. With ``kept`` (neither of the
     others), the history's rows of the jobs deleted are written too (``finished.kept_sql``; its
     parameters after the DELETE's).
     """
@@ -415,9 +416,9 @@ def _finish_and_claim(
         )
     if nodes:  # workflow nodes: their release (lifecycle.dependencies) rides on the statement
         return (
-            f"WITH done AS ({delete_returning(connection, 'node_id')}), report AS (SELECT {RELEASE} AS racing), "
+            f"WITH done AS ({delete_returning(connection, 'node_id')}), {REPORT}, "
             f"claimed AS ({claim}) SELECT ARRAY(SELECT node_id FROM done WHERE node_id IS NOT NULL), "
-            "(SELECT racing FROM report), ARRAY(SELECT id FROM done), claimed.* "
+            f"{REPORTED}, ARRAY(SELECT id FROM done), claimed.* "
             "FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
         )
     if not members:

@@ -80,36 +80,67 @@ def _names(connection: Any) -> dict[str, str]:
     return names
 
 
-# On PostgreSQL, ``dbqueue_release(node ids)`` (migration 0015) marks the nodes succeeded and their
-# edges done, unblocks the children left with no undone edge, and returns how many children may
-# wait for a parent ending beside it. A function's statements are planned once per server session.
-RELEASE = "dbqueue_release(ARRAY(SELECT node_id FROM done WHERE node_id IS NOT NULL))"
+# On PostgreSQL, ``dbqueue_release_chunk(node ids, max_edges)`` (migrations 0015, 0021) marks the
+# nodes succeeded and up to ``max_edges`` of their edges done, unblocks the children left with no
+# undone edge, and returns how many children may wait for a parent ending beside it (``racing``)
+# and whether edges were left (``more``). A function's statements are planned once per server session.
+# The statement that deletes the parents' rows releases the first FIRST_CHUNK edges: a wide fan-out
+# is released after its commit, a chunk per transaction, each twice the one before (``release_rest``),
+# while the other workers run the children released so far.
+FIRST_CHUNK = 500
+LARGEST_CHUNK = 8000
+REPORT = (
+    "report AS (SELECT racing, more FROM dbqueue_release_chunk("
+    f"ARRAY(SELECT node_id FROM done WHERE node_id IS NOT NULL), {FIRST_CHUNK}))"
+)
+# The report's columns, after the nodes released: how many may have raced, and whether edges were left.
+REPORTED = "(SELECT racing FROM report), (SELECT more FROM report)"
 
 
 @cached_sql
 def _delete_and_release_sql(connection: Any) -> str:
-    """Delete the rows whose (id, attempts) are in two arrays, then ``dbqueue_release`` their nodes."""
+    """Delete the rows whose (id, attempts) are in two arrays, then release their nodes' first chunk."""
     n = _names(connection)
     return (
         f"WITH done AS (DELETE FROM {n['job']} USING unnest(%s::bigint[], %s::bigint[]) AS d (id, attempts) "
         f"WHERE {n['job']}.{n['j_id']} = d.id AND {n['job']}.{n['j_attempts']} = d.attempts "
-        f"RETURNING {n['job']}.{n['j_id']} AS id, {n['job']}.{n['j_node_id']} AS node_id), "
-        f"report AS (SELECT {RELEASE} AS racing) "
-        "SELECT ARRAY(SELECT id FROM done), ARRAY(SELECT node_id FROM done WHERE node_id IS NOT NULL), "
-        "(SELECT racing FROM report)"
+        f"RETURNING {n['job']}.{n['j_id']} AS id, {n['job']}.{n['j_node_id']} AS node_id), {REPORT} "
+        f"SELECT ARRAY(SELECT id FROM done), ARRAY(SELECT node_id FROM done WHERE node_id IS NOT NULL), {REPORTED}"
     )
 
 
-def released(using: str, nodes: Sequence[int] | None, racing: int) -> None:
-    """After ``dbqueue_release``: try the release again once committed if a child may have raced."""
-    if not nodes or not racing:
+def released(using: str, nodes: Sequence[int] | None, racing: int, more: bool = False) -> None:
+    """After ``dbqueue_release_chunk``: once committed, release the edges it left (``more``), and try
+    the release again if a child may have raced."""
+    if not nodes or not (racing or more):
         return
-    connection = connections[using]
-    if connection.in_atomic_block:
-        transaction.on_commit(functools.partial(release_children, using, nodes), using=using, robust=True)
+    follow = functools.partial(_after_release, using, nodes, racing, more)
+    if connections[using].in_atomic_block:
+        transaction.on_commit(follow, using=using, robust=True)
     else:
         # Committed: a parent ending beside this one has committed too, or sees this one.
+        follow()
+
+
+def _after_release(using: str, nodes: Sequence[int], racing: int, more: bool) -> None:
+    if more:
+        racing += release_rest(using, nodes)
+    if racing:
         release_children(using, nodes)
+
+
+def release_rest(using: str, nodes: Sequence[int]) -> int:
+    """Mark the undone edges of ``nodes`` (succeeded) done and release their children, a chunk per
+    transaction (each twice the one before, up to LARGEST_CHUNK), until none is left; return how
+    many children may have raced. Safe to repeat, and to run beside another release of the same nodes."""
+    racing, size, more = 0, FIRST_CHUNK * 2, True
+    with bound_cursor(connections[using]) as cursor:
+        while more:
+            cursor.execute("SELECT racing, more FROM dbqueue_release_chunk(%s::bigint[], %s)", [list(nodes), size])
+            raced, more = cursor.fetchone()
+            racing += raced
+            size = min(size * 2, LARGEST_CHUNK)
+    return racing
 
 
 # A child's node, if pending, by its primary key (LIMIT: not pulled up into a join, which a stale
@@ -141,8 +172,8 @@ def delete_and_release(using: str, jobs: Sequence[Job]) -> set[int]:
     connection = connections[using]
     with bound_cursor(connection) as cursor:
         cursor.execute(_delete_and_release_sql(connection), [[job.pk for job in jobs], [job.attempts for job in jobs]])
-        deleted, nodes, racing = cursor.fetchone()
-    released(using, nodes, racing)
+        deleted, nodes, racing, more = cursor.fetchone()
+    released(using, nodes, racing, more)
     return set(deleted)
 
 
@@ -305,8 +336,9 @@ def cancel_workflow(workflow_id: int, using: str) -> int | None:
 
 
 def sweep(using: str) -> int:
-    """Release the nodes a lost recheck left blocked, and end the nodes whose jobs ended unseen (a
-    job adopted while running); return how many rows changed. Idle workers call it now and then."""
+    """Release the nodes a lost recheck or an interrupted release (``release_rest``) left blocked,
+    and end the nodes whose jobs ended unseen (a job adopted while running); return how many rows
+    changed. Idle workers call it now and then."""
     changed = 0
     adopted = list(
         WorkflowNode.objects.using(using)
@@ -326,6 +358,17 @@ def sweep(using: str) -> int:
             if stopped:
                 _stopped(using, stopped)
         changed += len(adopted)
+    if connections[using].vendor == "postgresql":
+        # A wide fan-out whose release stopped between two chunks (its worker killed): the rest.
+        cut = list(
+            WorkflowEdge.objects.using(using)
+            .filter(done=False, parent__state=NodeState.SUCCEEDED)
+            .values_list("parent_id", flat=True)
+            .distinct()[:CHUNK]
+        )
+        if cut:
+            release_rest(using, cut)
+            changed += len(cut)
     ready = (
         WorkflowNode.objects.using(using)
         .filter(state=PENDING, job_id__isnull=False)
