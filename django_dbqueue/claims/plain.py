@@ -104,16 +104,22 @@ PROBE_WEIGHT = 0.5
 # ``available_at``) or of a higher priority waits at most that long.
 BOUNDED_AFTER = 0.005
 FULL_EVERY = 1.0
+# The bound is kept only while bounded claims are measured faster than HELPS times the full ones:
+# claims slowed by the machine rather than by a dead index head (four processes on two cores,
+# threads waiting for the interpreter) are as slow bounded, and the bound would only hold back the
+# jobs behind it (and the log would blame the claims).
+HELPS = 0.5
 
 
 class _Pick:
     """The two full statements' average times for one queue, when to probe next, and the bound."""
 
-    __slots__ = ("bound", "full_at", "probe_at", "probing", "scan", "walk")
+    __slots__ = ("bound", "bounded", "full_at", "probe_at", "probing", "scan", "walk")
 
     def __init__(self) -> None:
         self.scan: float | None = None
         self.walk: float | None = None
+        self.bounded: float | None = None  # the bounded claims' average time
         self.probe_at = time.monotonic() + PROBE_EVERY
         self.probing = False
         # (priority, available_at) the next claims start from, and when the next full claim is due.
@@ -127,6 +133,14 @@ class _Pick:
         """Tell whether the faster full statement averages more than BOUNDED_AFTER."""
         known = [average for average in (self.scan, self.walk) if average is not None]
         return bool(known) and min(known) > BOUNDED_AFTER
+
+    def helps(self) -> bool | None:
+        """Whether the bounded claims average less than HELPS times the faster full statement
+        (None before one was timed)."""
+        known = [average for average in (self.scan, self.walk) if average is not None]
+        if self.bounded is None or not known:
+            return None
+        return self.bounded < HELPS * min(known)
 
 
 _picks: dict[str, _Pick] = {}
@@ -164,13 +178,14 @@ def noted(queue: str, jobs: Sequence[Job], limit: int, using: str | None = None)
     pick = _picks.get(queue)
     if pick is None:
         return
-    if not jobs or len(jobs) < limit or jobs[0].priority != jobs[-1].priority or not pick.slow():
+    helps = pick.helps()
+    if not jobs or len(jobs) < limit or jobs[0].priority != jobs[-1].priority or not pick.slow() or helps is False:
         pick.bound = None
         return
     if pick.bound is None:
         pick.full_at = time.monotonic() + FULL_EVERY
-        if using is not None:
-            _warn_slow(using, queue, pick)
+    if helps and using is not None:
+        _warn_slow(using, queue, pick)
     pick.bound = (jobs[0].priority, jobs[0].available_at)
 
 
@@ -200,13 +215,14 @@ def _warn_slow(using: str, queue: str, pick: _Pick) -> None:
 
 
 def timed(queue: str, walk: int, seconds: float) -> None:
-    """Note how long a full plain claim of ``queue`` took, with the walk or the one scan (a bounded
-    claim's time is not an average's: its cost says nothing of the full statements')."""
-    if walk == FROM_BOUND:
-        return
+    """Note how long a plain claim of ``queue`` took, with the walk, the one scan or from the bound
+    (each shape's average of its own: a bounded claim's cost says nothing of the full statements')."""
     pick = _picks.get(queue)
     if pick is None:
         pick = _picks[queue] = _Pick()
+    if walk == FROM_BOUND:
+        pick.bounded = seconds if pick.bounded is None else pick.bounded + WEIGHT * (seconds - pick.bounded)
+        return
     average = pick.walk if walk else pick.scan
     if average is not None:
         seconds = average + (PROBE_WEIGHT if pick.probing else WEIGHT) * (seconds - average)
