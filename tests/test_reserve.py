@@ -357,12 +357,14 @@ def test_a_bound_that_claims_no_faster_than_the_full_statement_is_dropped_and_no
     plain.noted("default", _claimed(0, 4, 5, 6), 3)
     assert plain.shape("default") in ((plain.SCAN, None), (plain.WALK, None))
     plain.noted("default", _claimed(0, 7, 8, 9), 3)
-    assert plain.shape("default")[1] is None, "the bound came back without a reason"
-    # Full claims twice as slow as the bounded ones measured (a snapshot left open since): again.
-    for _ in range(20):
-        plain.timed("default", plain.SCAN, plain.BOUNDED_AFTER * 10)
+    assert plain.shape("default")[1] is None, "the bound came back before RETRY_BOUND"
+    # RETRY_BOUND later (the load or the index may have changed): tried again, and kept while it helps.
+    plain._picks["default"].retry_at = 0.0
     plain.noted("default", _claimed(0, 10, 11, 12), 3)
     assert plain.shape("default")[0] == plain.FROM_BOUND
+    plain.timed("default", plain.FROM_BOUND, plain.BOUNDED_AFTER / 10)
+    plain.noted("default", _claimed(0, 13, 14, 15), 3)
+    assert plain._picks["default"].helps() and plain.shape("default")[0] == plain.FROM_BOUND
 
 
 @pytest.mark.django_db(transaction=True)

@@ -109,17 +109,21 @@ FULL_EVERY = 1.0
 # threads waiting for the interpreter) are as slow bounded, and the bound would only hold back the
 # jobs behind it (and the log would blame the claims).
 HELPS = 0.5
+# Seconds before a bound dropped for not helping is tried again (its measure forgotten): the
+# machine's load and the index's state change.
+RETRY_BOUND = 60.0
 
 
 class _Pick:
     """The two full statements' average times for one queue, when to probe next, and the bound."""
 
-    __slots__ = ("bound", "bounded", "full_at", "probe_at", "probing", "scan", "walk")
+    __slots__ = ("bound", "bounded", "full_at", "probe_at", "probing", "retry_at", "scan", "walk")
 
     def __init__(self) -> None:
         self.scan: float | None = None
         self.walk: float | None = None
         self.bounded: float | None = None  # the bounded claims' average time
+        self.retry_at = 0.0  # no bound before then (one was dropped for not helping)
         self.probe_at = time.monotonic() + PROBE_EVERY
         self.probing = False
         # (priority, available_at) the next claims start from, and when the next full claim is due.
@@ -179,7 +183,16 @@ def noted(queue: str, jobs: Sequence[Job], limit: int, using: str | None = None)
     if pick is None:
         return
     helps = pick.helps()
-    if not jobs or len(jobs) < limit or jobs[0].priority != jobs[-1].priority or not pick.slow() or helps is False:
+    if helps is False:
+        pick.bound, pick.bounded, pick.retry_at = None, None, time.monotonic() + RETRY_BOUND
+        return
+    if (
+        not jobs
+        or len(jobs) < limit
+        or jobs[0].priority != jobs[-1].priority
+        or not pick.slow()
+        or time.monotonic() < pick.retry_at
+    ):
         pick.bound = None
         return
     if pick.bound is None:
