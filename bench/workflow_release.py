@@ -26,20 +26,21 @@ import psycopg
 
 from bench import workflows as w
 
-V1 = """
-CREATE OR REPLACE FUNCTION v1_release(succeeded bigint[]) RETURNS bigint AS $$
+# The variants share their shape: mark the nodes (or not), find a parent still waiting (by its
+# node's state, or by its job row), release pending children only.
+VARIANT = """
+CREATE OR REPLACE FUNCTION {name}(succeeded bigint[]) RETURNS bigint AS $$
 DECLARE ready text[];
 BEGIN
-    UPDATE dbqueue_workflow_node SET state = 'succeeded', finished_at = statement_timestamp()
-    WHERE id = ANY(succeeded) AND state = 'pending';
+    {mark}
     WITH kids AS (SELECT DISTINCT child_id FROM dbqueue_workflow_edge WHERE parent_id = ANY(succeeded)),
     waits AS (
         SELECT c.id, c.job_id, (
             SELECT p.id FROM dbqueue_workflow_edge u JOIN dbqueue_workflow_node p ON p.id = u.parent_id
-            WHERE u.child_id = c.id AND p.state <> 'succeeded' AND u.parent_id <> ALL(succeeded)
+            {waiting} AND u.parent_id <> ALL(succeeded)
             ORDER BY u.parent_id DESC LIMIT 1) AS parent
         FROM kids CROSS JOIN LATERAL (
-            SELECT id, job_id FROM dbqueue_workflow_node WHERE id = kids.child_id AND state = 'pending' LIMIT 1
+            SELECT id, job_id FROM dbqueue_workflow_node WHERE id = kids.child_id {pending} LIMIT 1
         ) AS c
     ), released AS (
         UPDATE dbqueue_job SET blocked = false FROM waits
@@ -49,28 +50,19 @@ BEGIN
     RETURN 0;
 END; $$ LANGUAGE plpgsql;
 """
-V2 = """
-CREATE OR REPLACE FUNCTION v2_release(succeeded bigint[]) RETURNS bigint AS $$
-DECLARE ready text[];
-BEGIN
-    WITH kids AS (SELECT DISTINCT child_id FROM dbqueue_workflow_edge WHERE parent_id = ANY(succeeded)),
-    waits AS (
-        SELECT c.id, c.job_id, (
-            SELECT p.id FROM dbqueue_workflow_edge u JOIN dbqueue_workflow_node p ON p.id = u.parent_id
-            JOIN dbqueue_job pj ON pj.id = p.job_id
-            WHERE u.child_id = c.id AND u.parent_id <> ALL(succeeded)
-            ORDER BY u.parent_id DESC LIMIT 1) AS parent
-        FROM kids CROSS JOIN LATERAL (
-            SELECT id, job_id FROM dbqueue_workflow_node WHERE id = kids.child_id LIMIT 1
-        ) AS c
-    ), released AS (
-        UPDATE dbqueue_job SET blocked = false FROM waits
-        WHERE dbqueue_job.id = waits.job_id AND waits.parent IS NULL AND dbqueue_job.blocked
-        AND dbqueue_job.reserved_at IS NULL RETURNING dbqueue_job.queue)
-    SELECT ARRAY(SELECT DISTINCT queue FROM released) INTO ready;
-    RETURN 0;
-END; $$ LANGUAGE plpgsql;
-"""
+V1 = VARIANT.format(
+    name="v1_release",
+    mark="UPDATE dbqueue_workflow_node SET state = 'succeeded', finished_at = statement_timestamp() "
+    "WHERE id = ANY(succeeded) AND state = 'pending';",
+    waiting="WHERE u.child_id = c.id AND p.state <> 'succeeded'",
+    pending="AND state = 'pending'",
+)
+V2 = VARIANT.format(
+    name="v2_release",
+    mark="",
+    waiting="JOIN dbqueue_job pj ON pj.id = p.job_id WHERE u.child_id = c.id",
+    pending="",
+)
 CALL = {
     "v0": "SELECT racing FROM dbqueue_release_chunk(%s::bigint[], 1000000)",
     "v1": "SELECT v1_release(%s::bigint[])",

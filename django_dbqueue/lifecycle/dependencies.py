@@ -109,7 +109,7 @@ def _delete_and_release_sql(connection: Any) -> str:
     )
 
 
-def released(using: str, nodes: Sequence[int] | None, racing: int, more: bool = False) -> None:
+def released(using: str, nodes: Sequence[int] | None, racing: int, more: bool) -> None:
     """After ``dbqueue_release_chunk``: once committed, release the edges it left (``more``), and try
     the release again if a child may have raced."""
     if not nodes or not (racing or more):
